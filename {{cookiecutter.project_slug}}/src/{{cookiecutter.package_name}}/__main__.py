@@ -1,0 +1,5 @@
+"""`python -m {{ cookiecutter.package_name }}`."""
+
+from .cli import main
+
+main()

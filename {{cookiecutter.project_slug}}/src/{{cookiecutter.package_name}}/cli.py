@@ -1,0 +1,126 @@
+"""Command line: `{{ cookiecutter.project_slug }} train|eval|config show` (also `python -m {{ cookiecutter.package_name }}`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from .core.runtime import RuntimeConfigError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+config_app = typer.Typer(no_args_is_help=True, help="Inspect the resolved configuration.")
+app.add_typer(config_app, name="config")
+
+ConfigFile = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML or YAML file of config keys.")
+]
+Sets = Annotated[
+    list[str] | None, typer.Option("--set", "-s", help="Override any config key: key=value.")
+]
+
+
+def fail(message: str) -> NoReturn:
+    """One clear line on stderr and exit code 2 (a usage error)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _resolve(config_file: Path | None, sets: list[str] | None, flags: dict[str, Any]) -> Any:
+    from .training.config import ConfigError, build_config, parse_override
+
+    try:
+        overrides = dict(parse_override(item) for item in sets or [])
+        overrides.update({k: v for k, v in flags.items() if v is not None})
+        return build_config(config_file, overrides)
+    except ConfigError as error:
+        fail(str(error))
+
+
+@app.command()
+def train(
+    config: ConfigFile = None,
+    accelerator: Annotated[str | None, typer.Option(help="auto, tpu or cpu.")] = None,
+    devices: Annotated[str | None, typer.Option(help="1, 8, all, or one core id like [5].")] = None,
+    strategy: Annotated[str | None, typer.Option(help="auto, single, ddp or spmd.")] = None,
+    precision: Annotated[str | None, typer.Option(help="32-true, bf16-mixed, bf16-true, ...")] = None,
+    max_epochs: Annotated[int | None, typer.Option(help="Epochs to train.")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Optimizer steps (wins over epochs).")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Samples per device per step.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    log_every: Annotated[int | None, typer.Option(help="Log every N steps.")] = None,
+    eval_every: Annotated[int | None, typer.Option(help="Evaluate every N steps (0: at end).")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(help="Checkpoint every N steps.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
+    run_dir: Annotated[str | None, typer.Option(help="Where logs and checkpoints go.")] = None,
+    data: Annotated[str | None, typer.Option(help="Local data path or hf:NAME.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint.")] = False,
+    sets: Sets = None,
+) -> None:
+    """Train the task's model and print where the summary is."""
+    flags = {k: v for k, v in locals().items() if k not in ("config", "sets")}
+    flags["resume"] = resume or None
+    cfg = _resolve(config, sets, flags)
+    from .training import train as run_training
+    from .training.checkpoint import CheckpointError
+
+    try:
+        summary = run_training(cfg)
+    except (RuntimeConfigError, CheckpointError, ValueError) as error:
+        fail(str(error))
+    if summary["status"] == "preempted":
+        typer.echo(f"stopped by SIGTERM at step {summary['steps']}; continue with --resume")
+    typer.echo(json.dumps(summary["eval"]))
+
+
+@app.command("eval")
+def evaluate(
+    checkpoint: Annotated[Path, typer.Option(help="Checkpoint file to evaluate.")],
+    accelerator: Annotated[str | None, typer.Option(help="auto, tpu or cpu.")] = None,
+    devices: Annotated[str | None, typer.Option(help="1, 8, all, or [core].")] = None,
+    strategy: Annotated[str | None, typer.Option(help="auto, single, ddp or spmd.")] = None,
+    data: Annotated[str | None, typer.Option(help="Evaluate on other data.")] = None,
+) -> None:
+    """Evaluate a checkpoint on the task's eval set and print the metrics as JSON."""
+    from .core import launch, make_plan
+    from .training.checkpoint import CheckpointError, load_checkpoint
+    from .training.config import ConfigError, build_config
+
+    try:
+        state = load_checkpoint(checkpoint)
+        saved = {k: v for k, v in state["config"].items() if k != "resume"}
+        flags = {"accelerator": accelerator, "devices": devices, "strategy": strategy, "data": data}
+        saved.update({k: v for k, v in flags.items() if v is not None})
+        cfg = build_config(None, saved)
+        plan = make_plan(cfg.accelerator, cfg.devices, cfg.strategy)
+        if plan.strategy == "ddp" and plan.devices != 1:
+            fail("eval runs in one process: use --strategy spmd or --devices 1")
+        metrics = launch(_eval_worker, plan, args=(cfg, plan, state))
+    except (CheckpointError, ConfigError, RuntimeConfigError, ValueError) as error:
+        fail(str(error))
+    typer.echo(json.dumps(metrics))
+
+
+def _eval_worker(cfg: Any, plan: Any, state: dict[str, Any]) -> dict[str, float]:
+    from .training import Trainer
+
+    return Trainer(cfg, plan).evaluate_checkpoint(state)
+
+
+@config_app.command("show")
+def config_show(config: ConfigFile = None, sets: Sets = None) -> None:
+    """Print the configuration a run would use (defaults < file < --set)."""
+    cfg = _resolve(config, sets, {})
+    typer.echo(json.dumps(cfg.to_dict(), indent=2))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="{{ cookiecutter.project_slug }}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

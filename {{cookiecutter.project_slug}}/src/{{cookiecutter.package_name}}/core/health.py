@@ -1,0 +1,125 @@
+"""XLA health: compilations, CPU fallback ops, device-to-host transfers, and a guard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import TracebackType
+
+
+class XlaHealthError(AssertionError):
+    """Raised by `XlaGuard` when a run recompiles, falls back to CPU, or syncs to host."""
+
+
+@dataclass(frozen=True)
+class HealthSnapshot:
+    """Cumulative counters of the XLA runtime at one moment."""
+
+    compilations: int
+    transfers: int
+    fallback_ops: dict[str, int] = field(default_factory=dict)
+
+    def since(self, earlier: HealthSnapshot) -> HealthSnapshot:
+        ops = {
+            name: count - earlier.fallback_ops.get(name, 0)
+            for name, count in self.fallback_ops.items()
+            if count > earlier.fallback_ops.get(name, 0)
+        }
+        return HealthSnapshot(
+            compilations=self.compilations - earlier.compilations,
+            transfers=self.transfers - earlier.transfers,
+            fallback_ops=ops,
+        )
+
+
+def _metric_count(name: str) -> int:
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data(name)
+    return int(data[0]) if data else 0
+
+
+def snapshot() -> HealthSnapshot:
+    """Read the runtime's counters now."""
+    import torch_xla.debug.metrics as met
+
+    ops = {
+        name: int(met.counter_value(name) or 0)
+        for name in met.counter_names()
+        # .item() shows up as an aten counter but is a transfer, counted below.
+        if name.startswith("aten::") and name != "aten::_local_scalar_dense"
+    }
+    return HealthSnapshot(
+        compilations=_metric_count("CompileTime"),
+        transfers=_metric_count("TransferFromDeviceTime"),
+        fallback_ops=ops,
+    )
+
+
+def metrics_report() -> str:
+    """torch_xla's full metrics report."""
+    import torch_xla.debug.metrics as met
+
+    return str(met.metrics_report())
+
+
+def diagnose(delta: HealthSnapshot, steps: int, expected_graphs: int = 2) -> list[str]:
+    """Plain-language findings about a run's counters (empty when healthy)."""
+    findings = []
+    if delta.compilations > expected_graphs:
+        findings.append(
+            f"{delta.compilations} graphs compiled for {expected_graphs} expected: shapes or "
+            "Python control flow change between steps (pad to static shapes, drop ragged batches)"
+        )
+    if delta.fallback_ops:
+        ops = ", ".join(f"{k} x{v}" for k, v in sorted(delta.fallback_ops.items()))
+        findings.append(f"CPU fallback ops ran: {ops} (rewrite them with XLA-lowered ops)")
+    if steps and delta.transfers > steps:
+        findings.append(
+            f"{delta.transfers} device-to-host transfers over {steps} steps: a host sync "
+            "(.item(), print, Python branching on a tensor) runs in the step"
+        )
+    return findings
+
+
+class XlaGuard:
+    """Fail fast when, inside the block, XLA compiles a new graph, falls back, or syncs.
+
+    `allowed_transfers` permits the transfers of a logging cadence.
+    """
+
+    def __init__(self, allowed_transfers: int = 0, allowed_compilations: int = 0) -> None:
+        self.allowed_transfers = allowed_transfers
+        self.allowed_compilations = allowed_compilations
+        self.start: HealthSnapshot | None = None
+        self.delta: HealthSnapshot | None = None
+
+    def __enter__(self) -> XlaGuard:
+        self.start = snapshot()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self.start is not None
+        self.delta = snapshot().since(self.start)
+        if exc_type is not None:
+            return
+        problems = []
+        if self.delta.compilations > self.allowed_compilations:
+            problems.append(
+                f"{self.delta.compilations} new graph(s) compiled after warm-up: a shape or "
+                "Python branch changed between steps (ragged batch? variable length?)"
+            )
+        if self.delta.fallback_ops:
+            ops = ", ".join(sorted(self.delta.fallback_ops))
+            problems.append(f"CPU fallback op(s) executed: {ops}")
+        if self.delta.transfers > self.allowed_transfers:
+            problems.append(
+                f"{self.delta.transfers} device-to-host transfer(s), {self.allowed_transfers} "
+                "allowed: a host sync (.item(), print, bool(tensor)) runs in the step"
+            )
+        if problems:
+            raise XlaHealthError("XLA guard: " + "; ".join(problems))

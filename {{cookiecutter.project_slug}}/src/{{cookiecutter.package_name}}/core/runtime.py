@@ -1,0 +1,185 @@
+"""Accelerator detection and the process/replica topology of the XLA runtime.
+
+Nothing here initialises the XLA runtime at import time: `torch_xla` is imported
+inside functions, after `configure()` has set the environment it reads once.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+ACCELERATORS = ("auto", "tpu", "cpu")
+STRATEGIES = ("auto", "single", "ddp", "spmd")
+# TPU generations whose chips expose two TensorCores as two devices.
+_TWO_CORES_PER_CHIP = ("v2", "v3")
+
+
+class RuntimeConfigError(ValueError):
+    """Raised for a device/strategy request that cannot run here; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Hosts and devices per host of a TPU accelerator type such as `v4-32`."""
+
+    hosts: int
+    devices_per_host: int
+
+    @property
+    def devices(self) -> int:
+        return self.hosts * self.devices_per_host
+
+
+def topology(accelerator_type: str) -> Topology:
+    """Return the host/device layout of an accelerator type (`v3-8`, `v5litepod-16`, ...)."""
+    generation, _, size_text = accelerator_type.partition("-")
+    if not size_text.isdigit() or int(size_text) <= 0:
+        raise RuntimeConfigError(f"unknown accelerator type {accelerator_type!r}: expected e.g. v4-8")
+    size = int(size_text)
+    if generation in _TWO_CORES_PER_CHIP:
+        # The suffix counts TensorCores; each host has 4 chips = 8 devices.
+        return Topology(hosts=max(1, size // 8), devices_per_host=min(8, size))
+    if generation == "v4":
+        # The suffix counts TensorCores, but megacore fuses a chip's two into one device.
+        chips = max(1, size // 2)
+        return Topology(hosts=max(1, chips // 4), devices_per_host=min(4, chips))
+    if generation in ("v5litepod", "v5e", "v6e", "v5p"):
+        if generation == "v5p":
+            chips = max(1, size // 2)
+            return Topology(hosts=max(1, chips // 4), devices_per_host=min(4, chips))
+        if size <= 8:
+            return Topology(hosts=1, devices_per_host=size)
+        return Topology(hosts=size // 4, devices_per_host=4)
+    raise RuntimeConfigError(f"unknown accelerator type {accelerator_type!r}: expected e.g. v4-8")
+
+
+def tpu_present() -> bool:
+    """Return True when this host has TPU device files and libtpu (no metadata-server call)."""
+    has_devices = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+    has_libtpu = importlib.util.find_spec("libtpu") is not None or "TPU_LIBRARY_PATH" in os.environ
+    return has_devices and has_libtpu
+
+
+def detect_accelerator(requested: str = "auto") -> str:
+    """Resolve `auto`/`tpu`/`cpu` to the accelerator this process will use."""
+    if requested not in ACCELERATORS:
+        raise RuntimeConfigError(
+            f"unknown accelerator {requested!r}: choose one of {', '.join(ACCELERATORS)}"
+        )
+    pjrt = os.environ.get("PJRT_DEVICE", "").upper()
+    if requested == "auto":
+        if pjrt in ("TPU", "CPU"):
+            return pjrt.lower()
+        return "tpu" if tpu_present() else "cpu"
+    if requested == "tpu" and not tpu_present() and pjrt != "TPU":
+        raise RuntimeConfigError(
+            "accelerator 'tpu' requested but no TPU was found on this host "
+            "(no /dev/accel* or /dev/vfio device, or libtpu not installed): "
+            "run on a TPU VM with the `tpu` extra, or use --accelerator cpu"
+        )
+    return requested
+
+
+_notified = False
+
+
+def configure(accelerator: str = "auto", cpu_devices: int = 1, tpu_core: int | None = None) -> str:
+    """Set the PJRT environment before the runtime starts; return the resolved accelerator."""
+    global _notified
+    resolved = detect_accelerator(accelerator)
+    os.environ["PJRT_DEVICE"] = resolved.upper()
+    if resolved == "cpu":
+        os.environ["CPU_NUM_DEVICES"] = str(cpu_devices)
+        if accelerator == "auto" and not _notified:
+            print("note: no TPU found on this host; running on XLA:CPU", file=sys.stderr)
+            _notified = True
+    elif tpu_core is not None:
+        # One chip in one process: the PJRT way of the old `tpu_cores=[5]`.
+        os.environ["TPU_VISIBLE_CHIPS"] = str(tpu_core)
+        os.environ["TPU_PROCESS_BOUNDS"] = "1,1,1"
+        os.environ["TPU_CHIPS_PER_PROCESS_BOUNDS"] = "1,1,1"
+    return resolved
+
+
+def runtime_initialized() -> bool:
+    """Return True if the XLA runtime has already started in this process."""
+    if "torch_xla" not in sys.modules:
+        return False
+    import torch_xla
+
+    return bool(torch_xla._XLAC._xla_runtime_is_initialized())
+
+
+def device() -> Any:
+    """Return this process's XLA device."""
+    import torch_xla
+
+    return torch_xla.device()
+
+
+def world_size() -> int:
+    """Number of replicas taking part in collectives (1 under SPMD)."""
+    import torch_xla.runtime as xr
+
+    return int(xr.world_size())
+
+
+def global_ordinal() -> int:
+    import torch_xla.runtime as xr
+
+    return int(xr.global_ordinal())
+
+
+def local_ordinal() -> int:
+    import torch_xla.runtime as xr
+
+    return int(xr.local_ordinal())
+
+
+def process_index() -> int:
+    """Index of this host process (0 on a single VM)."""
+    import torch_xla.runtime as xr
+
+    return int(xr.process_index())
+
+
+def process_count() -> int:
+    import torch_xla.runtime as xr
+
+    return int(xr.process_count())
+
+
+def addressable_device_count() -> int:
+    """Devices this process can address (all local devices under SPMD)."""
+    import torch_xla.runtime as xr
+
+    return int(xr.addressable_runtime_device_count())
+
+
+def global_device_count() -> int:
+    import torch_xla.runtime as xr
+
+    return int(xr.global_runtime_device_count())
+
+
+def is_master() -> bool:
+    """True in exactly one process of the whole job (the one that logs and writes)."""
+    return global_ordinal() == 0 if not spmd_enabled() else process_index() == 0
+
+
+def is_local_master() -> bool:
+    """True in one process per host (the one that prepares host-local files)."""
+    return local_ordinal() == 0 if not spmd_enabled() else True
+
+
+def spmd_enabled() -> bool:
+    if "torch_xla" not in sys.modules:
+        return False
+    import torch_xla.runtime as xr
+
+    return bool(xr.is_spmd())

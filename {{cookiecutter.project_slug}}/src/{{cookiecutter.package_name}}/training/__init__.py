@@ -1,0 +1,42 @@
+"""Training: configuration, tasks, the trainer, and entry points that launch it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..core import Plan, Precision, launch, make_plan
+from .config import ConfigError, TrainConfig, build_config
+from .trainer import Trainer
+
+__all__ = ["ConfigError", "TrainConfig", "Trainer", "build_config", "notebook_launch", "train"]
+
+
+def _train_worker(config: TrainConfig, plan: Plan, model: nn.Module | None) -> dict[str, Any]:
+    return Trainer(config, plan, model=model).fit()
+
+
+def train(
+    config: TrainConfig, model: nn.Module | None = None, start_method: str = "spawn"
+) -> dict[str, Any]:
+    """Plan and launch a run (one process, one per device, or SPMD); return its summary."""
+    plan = make_plan(config.accelerator, config.devices, config.strategy)
+    Precision.from_name(config.precision).apply_environment()
+    result = launch(_train_worker, plan, args=(config, plan, model), start_method=start_method)
+    if isinstance(result, dict):
+        return result
+    # Spawned replicas cannot return values: the master wrote the summary.
+    summary: dict[str, Any] = json.loads((Path(config.run_dir) / "summary.json").read_text())
+    return summary
+
+
+def notebook_launch(config: TrainConfig, model: nn.Module) -> dict[str, Any]:
+    """Train from a notebook (Colab, Kaggle): fork, and share the model built once outside.
+
+    Build the model in the notebook before calling this and do not touch an XLA
+    device first: forked replicas would inherit a started runtime and fail.
+    """
+    return train(config, model=model, start_method="fork")

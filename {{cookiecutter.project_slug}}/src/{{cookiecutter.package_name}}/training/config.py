@@ -1,0 +1,139 @@
+"""Training configuration: defaults, a TOML/YAML file, then command-line overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says which key and why."""
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a run. Field names are the keys of config files and CLI flags."""
+
+    task: str = "{{ cookiecutter.example_task }}"
+    accelerator: str = "auto"
+    devices: str = "1"
+    strategy: str = "{{ cookiecutter.strategy }}"
+    precision: str = "{{ cookiecutter.precision }}"
+    max_epochs: int = 3
+    max_steps: int = -1
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 20
+    schedule: str = "cosine"
+    grad_accum: int = 1
+    grad_clip: float = 1.0
+    eval_every: int = 0
+    log_every: int = 20
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    seed: int = 0
+    run_dir: str = "runs/default"
+    data: str = ""
+    num_workers: int = 0
+    compile_cache: str = ""
+    resume: bool = False
+    task_options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> TrainConfig:
+        """Raise ConfigError for values no run can use."""
+        from ..core.precision import Precision
+
+        positive = ("batch_size", "eval_batch_size", "grad_accum", "keep_checkpoints")
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}")
+        non_negative = ("max_epochs", "warmup_steps", "eval_every", "log_every", "checkpoint_every")
+        for key in non_negative:
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key} must not be negative, got {getattr(self, key)}")
+        if self.max_steps < -1 or self.max_steps == 0:
+            raise ConfigError(f"max_steps must be positive (or -1 for no limit), got {self.max_steps}")
+        if self.max_steps == -1 and self.max_epochs == 0:
+            raise ConfigError("set max_epochs or max_steps: both say the run has no length")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be positive, got {self.lr}")
+        if self.grad_clip < 0:
+            raise ConfigError(f"grad_clip must not be negative (0 disables it), got {self.grad_clip}")
+        if self.schedule not in ("cosine", "linear", "constant"):
+            raise ConfigError(f"unknown schedule {self.schedule!r}: use cosine, linear or constant")
+        try:
+            Precision.from_name(self.precision)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if self.data and not self.data.startswith("hf:") and not Path(self.data).exists():
+            raise ConfigError(f"data path {self.data!r} does not exist")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """Read a TOML or YAML config file into a flat dict."""
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"config file {str(path)!r} must end in .toml, .yaml or .yml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as error:
+        first = str(error).splitlines()[0]
+        raise ConfigError(f"cannot parse {str(path)!r}: {first}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a table of keys")
+    return data
+
+
+def _coerce(key: str, value: Any) -> Any:
+    kind = type(getattr(TrainConfig(), key))
+    if kind is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a table, got {value!r}")
+        return value
+    try:
+        if kind is bool:
+            return str(value).lower() in ("1", "true", "yes")
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be {kind.__name__}, got {value!r}") from None
+
+
+def build_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults < file < overrides; unknown keys are errors, not silently ignored."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        values.update(read_file(path))
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    unknown = sorted(set(values) - set(FIELDS))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {unknown[0]!r}: valid keys are {', '.join(sorted(FIELDS))}"
+        )
+    return TrainConfig(**{k: _coerce(k, v) for k, v in values.items()}).validate()
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """Split a `key=value` override."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} must look like key=value")
+    return key.strip(), value.strip()

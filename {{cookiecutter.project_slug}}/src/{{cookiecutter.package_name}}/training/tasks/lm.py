@@ -1,0 +1,174 @@
+"""Character language model: a small GPT with tied input/output embeddings.
+
+Data: by default the Python standard library's own source files, which every
+machine with Python has (no download). `--data` takes a text file, a folder of
+text files, or `hf:NAME[:COLUMN]` for a Hugging Face dataset.
+"""
+
+from __future__ import annotations
+
+import math
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+VOCAB = 256  # bytes: every text has a vocabulary, no tokenizer needed
+
+
+def stdlib_corpus(max_bytes: int) -> bytes:
+    """Concatenate sorted stdlib sources until `max_bytes` (deterministic on a given Python)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, size = [], 0
+    for path in sorted(root.glob("*.py")):
+        data = path.read_bytes()
+        chunks.append(data)
+        size += len(data)
+        if size >= max_bytes:
+            break
+    return b"".join(chunks)[:max_bytes]
+
+
+def read_corpus(source: str, max_bytes: int) -> bytes:
+    """Bytes of a text file, a folder of text files, or `hf:NAME[:COLUMN]`."""
+    if not source:
+        return stdlib_corpus(max_bytes)
+    if source.startswith("hf:"):
+        from datasets import load_dataset  # optional extra: pip install .[hf]
+
+        name, _, column = source[3:].partition(":")
+        rows = load_dataset(name, split="train")[column or "text"]
+        return "\n".join(rows).encode()[:max_bytes]
+    path = Path(source)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return b"".join(p.read_bytes() for p in files)[:max_bytes]
+
+
+def unigram_entropy(data: torch.Tensor) -> float:
+    """Loss (nats/char) of the best model that ignores context: the baseline to beat."""
+    counts = torch.bincount(data.long(), minlength=VOCAB).double()
+    probs = counts[counts > 0] / counts.sum()
+    return float(-(probs * probs.log()).sum())
+
+
+class Windows(Dataset[dict[str, torch.Tensor]]):
+    """Non-overlapping fixed-length windows: static shapes by construction."""
+
+    def __init__(self, data: torch.Tensor, seq_len: int) -> None:
+        self.data = data
+        self.seq_len = seq_len
+
+    def __len__(self) -> int:
+        return (len(self.data) - 1) // self.seq_len
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        start = index * self.seq_len
+        chunk = self.data[start : start + self.seq_len + 1].long()
+        return {"x": chunk[:-1], "y": chunk[1:]}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, dim = x.shape
+        q, k, v = self.qkv(x).view(batch, length, 3, self.heads, dim // self.heads).unbind(2)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        return self.out(y.transpose(1, 2).reshape(batch, length, dim))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = CausalSelfAttention(dim, heads, dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class CharGPT(nn.Module):
+    """Decoder-only transformer whose output projection is the input embedding."""
+
+    def __init__(self, seq_len: int, dim: int, layers: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, dim)
+        self.position = nn.Parameter(torch.zeros(1, seq_len, dim))
+        self.blocks = nn.ModuleList(Block(dim, heads, dropout) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, VOCAB, bias=False)
+        self.head.weight = self.embed.weight  # tied: the move to XLA must keep this
+        nn.init.normal_(self.position, std=0.02)
+        nn.init.normal_(self.embed.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) + self.position
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h))
+
+
+@dataclass
+class LanguageModelTask:
+    name = "lm"
+    data: str = ""
+    seq_len: int = 64
+    dim: int = 128
+    layers: int = 2
+    heads: int = 4
+    dropout: float = 0.0
+    max_bytes: int = 1_000_000
+    eval_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        raw = read_corpus(self.data, self.max_bytes)
+        if len(raw) < 4 * (self.seq_len + 1):
+            raise ValueError(f"corpus {self.data!r} is too small: {len(raw)} bytes")
+        self.tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        self.baseline = unigram_entropy(self.tokens)
+
+    def build_model(self) -> nn.Module:
+        return CharGPT(self.seq_len, self.dim, self.layers, self.heads, self.dropout)
+
+    def datasets(self) -> tuple[Windows, Windows]:
+        split = int(len(self.tokens) * (1 - self.eval_fraction))
+        return Windows(self.tokens[:split], self.seq_len), Windows(self.tokens[split:], self.seq_len)
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = model(batch["x"])
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch["y"].flatten())
+
+    def eval_sums(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        logits = model(batch["x"]).float()
+        per_token = F.cross_entropy(logits.transpose(1, 2), batch["y"], reduction="none")
+        valid = batch["valid"].float()
+        return {
+            "loss": (per_token.sum(dim=1) * valid).sum(),
+            "tokens": valid.sum() * self.seq_len,
+        }
+
+    def finalize(self, sums: dict[str, float]) -> dict[str, float]:
+        loss = sums["loss"] / max(sums["tokens"], 1.0)
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "baseline": self.baseline}
+
+
+def make_task(data: str = "", **options: object) -> LanguageModelTask:
+    return LanguageModelTask(data=data, **options)  # type: ignore[arg-type]
