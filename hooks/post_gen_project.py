@@ -1,0 +1,149 @@
+"""Finish the baked project: prune unchosen parts, mark scripts executable,
+record the answers for re-baking and print the next steps.
+
+Runs inside the new project directory. The answers enter as data (JSON
+rendered by cookiecutter), never as code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+# For each choice, the files that belong only to the options not chosen.
+# Paths are relative to the project root; `{package}` is the import name.
+PRUNE: dict[str, dict[str, tuple[str, ...]]] = {
+    "example_task": {
+        "lm": (
+            "src/{package}/training/tasks/vision.py",
+            "tests/test_task_vision.py",
+            "configs/vision.toml",
+        ),
+        "vision": (
+            "src/{package}/training/tasks/lm.py",
+            "tests/test_task_lm.py",
+            "configs/lm.toml",
+        ),
+    },
+}
+
+ANSWERS_FILE = ".cookiecutter.json"
+EXECUTABLE_GLOBS = ("scripts/*.sh",)
+# A template location worth recording: remote, so it means the same on any machine.
+REMOTE_TEMPLATE_RE = re.compile(r"^(gh:|gl:|bb:|git\+|https?://|ssh://|git@)")
+WINDOWS_ABSOLUTE_RE = re.compile(r"^[A-Za-z]:[\\/]")
+
+
+def paths_to_prune(answers: Mapping[str, Any]) -> list[str]:
+    """Return the relative paths that belong only to the options not chosen."""
+    package = answers["package_name"]
+    paths: list[str] = []
+    for key, by_choice in PRUNE.items():
+        for template in by_choice.get(answers[key], ()):
+            paths.append(template.format(package=package))
+    return paths
+
+
+def prune(project_dir: Path, answers: Mapping[str, Any]) -> list[Path]:
+    """Delete the unchosen files that exist and return what was deleted."""
+    removed: list[Path] = []
+    for relative in paths_to_prune(answers):
+        path = project_dir / relative
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def make_executable(project_dir: Path, globs: Iterable[str] = EXECUTABLE_GLOBS) -> list[Path]:
+    """Add the execute bits wherever read bits are set on the matching files."""
+    changed: list[Path] = []
+    for pattern in globs:
+        for path in sorted(project_dir.glob(pattern)):
+            mode = path.stat().st_mode
+            # Grant execute to whoever may read: r-- becomes r-x.
+            path.chmod(mode | ((mode & 0o444) >> 2) | stat.S_IXUSR)
+            changed.append(path)
+    return changed
+
+
+def is_absolute_path(value: Any) -> bool:
+    """Tell whether a value is an absolute path on any platform."""
+    if not isinstance(value, str):
+        return False
+    return value.startswith(("/", "~", "\\\\")) or bool(WINDOWS_ABSOLUTE_RE.match(value))
+
+
+def answers_to_record(answers: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep the answers a re-bake needs; drop machine-specific and private keys."""
+    recorded: dict[str, Any] = {}
+    for key, value in answers.items():
+        if key.startswith("_") and key != "_template":
+            continue
+        if key == "_template" and not (isinstance(value, str) and REMOTE_TEMPLATE_RE.match(value)):
+            continue
+        if is_absolute_path(value):
+            continue
+        recorded[key] = value
+    return recorded
+
+
+def record_answers(project_dir: Path, answers: Mapping[str, Any]) -> Path:
+    """Write the answers in cookiecutter's replay format (`--replay-file`)."""
+    path = project_dir / ANSWERS_FILE
+    content = {"cookiecutter": answers_to_record(answers)}
+    path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def next_steps(answers: Mapping[str, Any]) -> str:
+    """Return the commands to run first in the new project."""
+    slug = answers["project_slug"]
+    return "\n".join(
+        [
+            f"Baked {slug} ({answers['example_task']} example, {answers['accelerator_type']}).",
+            "Next steps:",
+            f"  cd {slug}",
+            "  make install        # virtual environment with torch and torch_xla",
+            "  make test           # the core, proven on XLA:CPU",
+            "  make train-single   # train the example on one device",
+            "  make help           # every other target (TPU VM, pod, Docker)",
+        ]
+    )
+
+
+def run(project_dir: Path, answers: Mapping[str, Any]) -> int:
+    """Finish the project in project_dir and print what to do next."""
+    prune(project_dir, answers)
+    make_executable(project_dir)
+    record_answers(project_dir, answers)
+    print(next_steps(answers), flush=True)
+    return 0
+
+
+def rendered_answers() -> dict[str, Any]:
+    """Return the answers after cookiecutter rendered them."""
+    return json.loads(
+        r"""
+{{ cookiecutter | tojson }}
+""".strip()
+    )
+
+
+def main() -> int:
+    """Finish the project cookiecutter just wrote in the working directory."""
+    try:
+        return run(Path(os.getcwd()), rendered_answers())
+    except OSError as error:
+        print(f"ERROR: could not finish the project: {error}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

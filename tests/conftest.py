@@ -1,0 +1,95 @@
+"""Fixtures for the template's tests: the hooks as modules, a session-wide
+cache of baked combinations, and the real cookiecutter CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from helpers import BIN_DIR, COMBOS, TEMPLATE_DIR, Baked, load_hook, tool_env
+
+
+@pytest.fixture(scope="session")
+def pre_gen() -> ModuleType:
+    """The pre-generation hook as a module."""
+    return load_hook("pre_gen_project")
+
+
+@pytest.fixture(scope="session")
+def post_gen() -> ModuleType:
+    """The post-generation hook as a module."""
+    return load_hook("post_gen_project")
+
+
+@pytest.fixture(scope="session")
+def bake_combo(cookies_session: Any) -> Callable[[str], Baked]:
+    """Bake a named combination once per session and return it."""
+    cache: dict[str, Baked] = {}
+
+    def bake(combo: str) -> Baked:
+        if combo not in cache:
+            result = cookies_session.bake(extra_context=COMBOS[combo], template=str(TEMPLATE_DIR))
+            path = Path(result.project_path) if result.project_path else Path()
+            cache[combo] = Baked(
+                combo, result.context or {}, result.exit_code, result.exception, path
+            )
+        return cache[combo]
+
+    return bake
+
+
+@pytest.fixture(scope="session")
+def cookiecutter_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cookiecutter config that keeps replays and clones out of the user's home."""
+    home = tmp_path_factory.mktemp("cookiecutter-home")
+    config = home / "config.yaml"
+    config.write_text(
+        f"cookiecutters_dir: {json.dumps(str(home / 'cookiecutters'))}\n"
+        f"replay_dir: {json.dumps(str(home / 'replay'))}\n",
+        encoding="utf-8",
+    )
+    return config
+
+
+@pytest.fixture(scope="session")
+def run_cookiecutter(
+    cookiecutter_config: Path,
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the real cookiecutter CLI against this template (with --no-input by default)."""
+
+    def run(
+        output_dir: Path,
+        *args: str,
+        context: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        no_input: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        pairs = [f"{key}={value}" for key, value in (context or {}).items()]
+        command = [
+            str(BIN_DIR / "cookiecutter"),
+            str(TEMPLATE_DIR),
+            *(["--no-input"] if no_input else []),
+            "--config-file",
+            str(cookiecutter_config),
+            "--output-dir",
+            str(output_dir),
+            *args,
+            *pairs,
+        ]
+        return subprocess.run(
+            command,
+            cwd=cwd or output_dir,
+            env=tool_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    return run

@@ -1,0 +1,103 @@
+"""Constants and helpers shared by the template's tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent
+HOOKS_DIR = TEMPLATE_DIR / "hooks"
+BIN_DIR = Path(sys.executable).parent
+
+# Supported option combinations, each baked once per session. The ids read as
+# what they exercise; keep the list short enough to run on two cores.
+COMBOS: dict[str, dict[str, str]] = {
+    "default-lm": {},
+    "vision-bf16-mixed-spmd": {
+        "example_task": "vision",
+        "precision": "bf16-mixed",
+        "strategy": "spmd",
+    },
+    "v4-8-ddp-bf16-true": {
+        "accelerator_type": "v4-8",
+        "strategy": "ddp",
+        "precision": "bf16-true",
+    },
+    "v3-32-pod-lm": {
+        "accelerator_type": "v3-32",
+        "strategy": "ddp",
+        "example_task": "lm",
+    },
+    "v6e-8-vision": {"accelerator_type": "v6e-8", "example_task": "vision"},
+    "v2-8-legacy-runtime-py310": {
+        "accelerator_type": "v2-8",
+        "runtime_version": "tpu-vm-pt-2.0",
+        "strategy": "single",
+        "python_version": "3.10",
+    },
+    "v5litepod-32-py312-own-names": {
+        "project_name": "My Big Model",
+        "package_name": "bigmodel",
+        "accelerator_type": "v5litepod-32",
+        "python_version": "3.12",
+        "gcp_project": "research-tpus-42",
+    },
+}
+
+# A complete, valid set of rendered answers (what the default bake produces).
+VALID_ANSWERS: dict[str, str] = {
+    "project_name": "TPU Project",
+    "project_slug": "tpu-project",
+    "package_name": "tpu_project",
+    "description": "A PyTorch/XLA training project.",
+    "author_name": "Your Name",
+    "author_email": "you@example.com",
+    "accelerator_type": "v5litepod-8",
+    "zone": "us-west4-a",
+    "gcp_project": "my-gcp-project",
+    "runtime_version": "v2-alpha-tpuv5-lite",
+    "docker_image": "us-west4-docker.pkg.dev/my-gcp-project/tpu-project/train",
+    "precision": "32-true",
+    "strategy": "auto",
+    "example_task": "lm",
+    "python_version": "3.11",
+}
+
+
+def load_hook(name: str) -> ModuleType:
+    """Import a hook script by path, unrendered, so its functions can be called."""
+    spec = importlib.util.spec_from_file_location(f"hook_{name}", HOOKS_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Baked:
+    """A project baked from one combination."""
+
+    combo: str
+    context: Mapping[str, Any]
+    exit_code: int
+    exception: BaseException | None
+    path: Path
+
+    @property
+    def package_dir(self) -> Path:
+        return self.path / "src" / self.context["package_name"]
+
+
+def tool_env(**extra: str) -> dict[str, str]:
+    """The environment for subprocesses: this interpreter's tools first on PATH."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("PYTEST_ADDOPTS", None)
+    env.update(extra)
+    return env
