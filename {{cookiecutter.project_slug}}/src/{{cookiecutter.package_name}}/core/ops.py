@@ -72,8 +72,8 @@ def set_rng_state(seed: int) -> None:
     xm.set_rng_state(seed)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy, torch (CPU) and the XLA device RNG."""
+def seed_host(seed: int) -> None:
+    """Seed Python, NumPy and torch's CPU generator (no XLA runtime needed)."""
     import random
 
     import numpy as np
@@ -81,7 +81,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    set_rng_state(seed)
 
 
 def to_cpu(tree: Any) -> Any:

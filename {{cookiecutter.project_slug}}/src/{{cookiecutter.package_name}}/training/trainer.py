@@ -68,6 +68,7 @@ class Trainer:
         self.plan = plan
         self.precision = Precision.from_name(config.precision)
         self.task = task or load_task(config.task, config.data, config.task_options)
+        ops.seed_host(config.seed)  # the model's initial weights depend on it
         self.model = model if model is not None else self.task.build_model()
         self.strategy = plan.strategy
         self.progress = Progress()
@@ -78,7 +79,7 @@ class Trainer:
     def _setup(self, resume_state: dict[str, Any] | None, report: bool = True) -> None:
         cfg = self.config
         ops.initialize_compile_cache(cfg.compile_cache)
-        ops.seed_everything(cfg.seed)
+        ops.set_rng_state(cfg.seed)
         self.device = runtime.device()
         self.replicas, self.rank = replica_layout(self.strategy)
         self.is_master = runtime.is_master()

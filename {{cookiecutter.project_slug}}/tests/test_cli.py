@@ -1,0 +1,109 @@
+"""The command line: help, config resolution, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from training_helpers import cli, write_config
+from typer.testing import CliRunner
+
+from {{ cookiecutter.package_name }}.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["config", "show"]])
+def test_every_command_has_help(command: list[str]) -> None:
+    """It prints usage for every command."""
+    result = runner.invoke(app, [*command, "--help"])
+    assert result.exit_code == 0
+    assert "Usage" in result.output
+
+
+def test_config_show_applies_file_then_overrides(tmp_path: Path) -> None:
+    """It resolves defaults < file < --set."""
+    path = write_config(tmp_path, lr=0.5, seed=3)
+    result = runner.invoke(app, ["config", "show", "--config", str(path), "--set", "seed=7"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert (shown["lr"], shown["seed"], shown["accelerator"]) == (0.5, 7, "cpu")
+
+
+def _foreign_checkpoint(tmp_path: Path) -> Path:
+    path = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {}}, path)
+    return path
+
+
+def _garbage_checkpoint(tmp_path: Path) -> Path:
+    path = tmp_path / "garbage.pt"
+    path.write_bytes(b"not a checkpoint")
+    return path
+
+
+BAD_TRAIN = {
+    "unknown-precision": (["--precision", "fp8"], "unknown precision 'fp8'"),
+    "unknown-strategy": (["--strategy", "fsdp"], "unknown strategy 'fsdp'"),
+    "zero-devices": (["--devices", "0"], "invalid devices '0'"),
+    "ddp-on-cpu": (["--devices", "8", "--strategy", "ddp"], "--strategy spmd"),
+    "single-with-8": (["--devices", "8", "--strategy", "single"], "strategy 'single'"),
+    "core-id-on-cpu": (["--devices", "[5]"], "needs a TPU"),
+    "missing-data": (["--data", "/no/such/corpus"], "does not exist"),
+    "negative-steps": (["--max-steps", "-5"], "max_steps must be positive"),
+    "unknown-key": (["--set", "learning_rate=1"], "unknown config key 'learning_rate'"),
+    "bad-override": (["--set", "lr"], "must look like key=value"),
+    "bad-type": (["--set", "batch_size=big"], "batch_size must be int"),
+    "missing-config": (["--config", "/no/such.toml"], "does not exist"),
+}
+
+
+@pytest.mark.parametrize("args,message", BAD_TRAIN.values(), ids=BAD_TRAIN.keys())
+def test_bad_train_input_fails_with_one_line(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    """It rejects bad input with one line on stderr, exit code 2, and writes nothing."""
+    run_dir = tmp_path / "run"
+    result = runner.invoke(
+        app, ["train", "--accelerator", "cpu", "--run-dir", str(run_dir), *args]
+    )
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
+    assert not run_dir.exists()
+
+
+def test_config_file_with_unknown_key_fails(tmp_path: Path) -> None:
+    """It names the unknown key of a config file."""
+    path = tmp_path / "bad.toml"
+    path.write_text('optimiser = "sgd"\n')
+    result = runner.invoke(app, ["config", "show", "--config", str(path)])
+    assert result.exit_code == 2
+    assert "unknown config key 'optimiser'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (_foreign_checkpoint, "is not a checkpoint of this project"),
+        (_garbage_checkpoint, "cannot read checkpoint"),
+        (lambda tmp: tmp / "missing.pt", "does not exist"),
+    ],
+    ids=["foreign", "unreadable", "missing"],
+)
+def test_bad_checkpoint_fails_with_one_line(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
+    """It refuses foreign, corrupt and missing checkpoints with one line and exit code 2."""
+    result = runner.invoke(app, ["eval", "--checkpoint", str(make(tmp_path))])
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_console_module_runs_as_python_m() -> None:
+    """It runs as `python -m {{ cookiecutter.package_name }}` in a fresh process."""
+    result = cli("--help")
+    assert result.returncode == 0
+    assert "train" in result.stdout and "eval" in result.stdout

@@ -1,0 +1,56 @@
+"""Small runs of this project's task, shared by the trainer and CLI tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+{% if cookiecutter.example_task == "lm" -%}
+TINY: dict[str, Any] = {
+    "task": "lm",
+    "batch_size": 8,
+    "eval_batch_size": 16,
+    "task_options": {"seq_len": 16, "dim": 32, "layers": 1, "heads": 2, "max_bytes": 40000},
+}
+{%- else -%}
+TINY: dict[str, Any] = {
+    "task": "vision",
+    "batch_size": 16,
+    "eval_batch_size": 32,
+    "task_options": {"width": 4},
+}
+{%- endif %}
+
+
+def write_config(folder: Path, **overrides: Any) -> Path:
+    """A YAML config of the tiny run plus overrides."""
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "accelerator": "cpu", **overrides}))
+    return path
+
+
+def cli_env() -> dict[str, str]:
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    return env
+
+
+def cli(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a fresh process (the XLA runtime starts once per process)."""
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args]
+    return subprocess.run(
+        command, env=cli_env(), capture_output=True, text=True, timeout=600, **kwargs
+    )
+
+
+def popen(*args: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args]
+    return subprocess.Popen(
+        command, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
