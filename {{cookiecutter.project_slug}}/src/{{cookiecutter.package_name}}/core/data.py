@@ -146,7 +146,11 @@ class MaskedDataset(Dataset[dict[str, Any]]):
 
 
 def eval_dataloader(
-    dataset: Dataset[Mapping[str, Any]], batch_size: int, num_replicas: int, rank: int, **kwargs: Any
+    dataset: Dataset[Mapping[str, Any]],
+    batch_size: int,
+    num_replicas: int,
+    rank: int,
+    **kwargs: Any,
 ) -> DataLoader:
     """Loader of full, static-shape batches whose padding is flagged by a `valid` key."""
     sampler = EvalShardSampler(len(dataset), num_replicas, rank, batch_size)  # type: ignore[arg-type]
@@ -189,7 +193,9 @@ def _batch_sharding(sample: Any, mesh: Any) -> Any:
     multi_host = runtime.process_count() > 1
     if isinstance(sample, Mapping):
         return {
-            key: xs.ShardingSpec(mesh, ("data",) + (None,) * (value.dim() - 1), minibatch=multi_host)
+            key: xs.ShardingSpec(
+                mesh, ("data",) + (None,) * (value.dim() - 1), minibatch=multi_host
+            )
             for key, value in sample.items()
         }
     ranks = {t.dim() for t in (sample if isinstance(sample, (list, tuple)) else [sample])}

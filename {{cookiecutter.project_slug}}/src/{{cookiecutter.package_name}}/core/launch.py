@@ -34,7 +34,8 @@ def parse_devices(devices: str | int) -> tuple[int | None, int | None]:
     if text.isdigit() and int(text) > 0:
         return int(text), None
     raise RuntimeConfigError(
-        f"invalid devices {devices!r}: use a positive count (1, 8), 'all', or one core id like '[5]'"
+        f"invalid devices {devices!r}: "
+        "use a positive count (1, 8), 'all', or one core id like '[5]'"
     )
 
 
@@ -54,10 +55,8 @@ def make_plan(accelerator: str = "auto", devices: str | int = 1, strategy: str =
         if count is None:
             count = int(os.environ.get("CPU_NUM_DEVICES", CPU_EMULATED_DEVICES))
     if strategy == "auto":
-        if count == 1:
-            strategy = "single"
-        else:
-            strategy = "ddp" if resolved == "tpu" else "spmd"
+        many = "ddp" if resolved == "tpu" else "spmd"
+        strategy = "single" if count == 1 else many
     if strategy == "single" and count != 1:
         raise RuntimeConfigError(
             f"strategy 'single' runs on one device but devices={devices!r}: "

@@ -39,7 +39,9 @@ def topology(accelerator_type: str) -> Topology:
     """Return the host/device layout of an accelerator type (`v3-8`, `v5litepod-16`, ...)."""
     generation, _, size_text = accelerator_type.partition("-")
     if not size_text.isdigit() or int(size_text) <= 0:
-        raise RuntimeConfigError(f"unknown accelerator type {accelerator_type!r}: expected e.g. v4-8")
+        raise RuntimeConfigError(
+            f"unknown accelerator type {accelerator_type!r}: expected e.g. v4-8"
+        )
     size = int(size_text)
     if generation in _TWO_CORES_PER_CHIP:
         # The suffix counts TensorCores; each host has 4 chips = 8 devices.
