@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_helpers import cli, write_config
 from typer.testing import CliRunner
 
 from {{ cookiecutter.package_name }}.cli import app
+
+from training_helpers import cli, write_config
 
 runner = CliRunner()
 
@@ -61,14 +62,10 @@ BAD_TRAIN = {
 
 
 @pytest.mark.parametrize("args,message", BAD_TRAIN.values(), ids=BAD_TRAIN.keys())
-def test_bad_train_input_fails_with_one_line(
-    tmp_path: Path, args: list[str], message: str
-) -> None:
+def test_bad_train_input_fails_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     """It rejects bad input with one line on stderr, exit code 2, and writes nothing."""
     run_dir = tmp_path / "run"
-    result = runner.invoke(
-        app, ["train", "--accelerator", "cpu", "--run-dir", str(run_dir), *args]
-    )
+    result = runner.invoke(app, ["train", "--accelerator", "cpu", "--run-dir", str(run_dir), *args])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from training_helpers import cli
-
 from {{ cookiecutter.package_name }}.training.tasks import load_task
+
+from training_helpers import cli
 
 
 def test_lm_keeps_embeddings_tied() -> None:

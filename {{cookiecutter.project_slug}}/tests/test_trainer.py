@@ -10,13 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-from training_helpers import cli, cli_env, popen, write_config
 
 from {{ cookiecutter.package_name }}.training.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
 )
+
+from training_helpers import cli, cli_env, popen, write_config
 
 STEPS = 24
 
@@ -53,7 +54,9 @@ def test_run_writes_summary_tensorboard_and_checkpoint(reference_run: Path) -> N
     assert len(summary["train_losses"]) == STEPS
     assert summary["fallback_ops"] == {}
     assert list((reference_run / "tensorboard").glob("events.out.tfevents.*"))
-    assert latest_checkpoint(reference_run) == reference_run / "checkpoints" / f"step-{STEPS:08d}.pt"
+    assert (
+        latest_checkpoint(reference_run) == reference_run / "checkpoints" / f"step-{STEPS:08d}.pt"
+    )
 
 
 def test_sigterm_then_resume_matches_uninterrupted_run(reference_run: Path, tmp_path: Path) -> None:

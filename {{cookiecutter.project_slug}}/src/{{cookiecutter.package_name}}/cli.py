@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -46,18 +45,26 @@ def train(
     accelerator: Annotated[str | None, typer.Option(help="auto, tpu or cpu.")] = None,
     devices: Annotated[str | None, typer.Option(help="1, 8, all, or one core id like [5].")] = None,
     strategy: Annotated[str | None, typer.Option(help="auto, single, ddp or spmd.")] = None,
-    precision: Annotated[str | None, typer.Option(help="32-true, bf16-mixed, bf16-true, ...")] = None,
+    precision: Annotated[
+        str | None, typer.Option(help="32-true, bf16-mixed, bf16-true, ...")
+    ] = None,
     max_epochs: Annotated[int | None, typer.Option(help="Epochs to train.")] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Optimizer steps (wins over epochs).")] = None,
+    max_steps: Annotated[
+        int | None, typer.Option(help="Optimizer steps (wins over epochs).")
+    ] = None,
     batch_size: Annotated[int | None, typer.Option(help="Samples per device per step.")] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
     log_every: Annotated[int | None, typer.Option(help="Log every N steps.")] = None,
-    eval_every: Annotated[int | None, typer.Option(help="Evaluate every N steps (0: at end).")] = None,
+    eval_every: Annotated[
+        int | None, typer.Option(help="Evaluate every N steps (0: at end).")
+    ] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Checkpoint every N steps.")] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
     run_dir: Annotated[str | None, typer.Option(help="Where logs and checkpoints go.")] = None,
     data: Annotated[str | None, typer.Option(help="Local data path or hf:NAME.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the latest checkpoint.")
+    ] = False,
     sets: Sets = None,
 ) -> None:
     """Train the task's model and print where the summary is."""
@@ -123,4 +130,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

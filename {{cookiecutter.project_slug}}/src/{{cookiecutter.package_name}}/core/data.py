@@ -71,7 +71,7 @@ def prepare_dataloader(
             "give the DataLoader a batch_size, or a DistributedSampler of your own"
         )
     keep_last = loader.drop_last if drop_last is None else drop_last
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[Any] = DistributedSampler(
         loader.dataset,
         num_replicas=num_replicas,
         rank=rank,

@@ -38,7 +38,9 @@ def all_reduce_sum(tensor: torch.Tensor, strategy: str) -> torch.Tensor:
     if strategy == "ddp" and runtime.world_size() > 1:
         import torch_xla.core.xla_model as xm
 
-        return xm.all_reduce(xm.REDUCE_SUM, tensor)
+        reduced = xm.all_reduce(xm.REDUCE_SUM, tensor)
+        assert isinstance(reduced, torch.Tensor)
+        return reduced
     return tensor
 
 

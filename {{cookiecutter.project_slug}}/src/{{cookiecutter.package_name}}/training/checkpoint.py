@@ -39,7 +39,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 def save_checkpoint(
     state: dict[str, Any], run_dir: str | Path, step: int, keep: int, name: str | None = None
 ) -> Path:
-    """Write `state` (already on CPU) atomically as step-N.pt (or `name`); keep the newest `keep`."""
+    """Write CPU `state` atomically as step-N.pt (or `name`); keep the newest `keep`."""
     folder = checkpoint_dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / (name or f"step-{step:08d}.pt")

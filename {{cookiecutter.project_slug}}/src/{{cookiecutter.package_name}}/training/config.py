@@ -59,13 +59,17 @@ class TrainConfig:
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must not be negative, got {getattr(self, key)}")
         if self.max_steps < -1 or self.max_steps == 0:
-            raise ConfigError(f"max_steps must be positive (or -1 for no limit), got {self.max_steps}")
+            raise ConfigError(
+                f"max_steps must be positive (or -1 for no limit), got {self.max_steps}"
+            )
         if self.max_steps == -1 and self.max_epochs == 0:
             raise ConfigError("set max_epochs or max_steps: both say the run has no length")
         if self.lr <= 0:
             raise ConfigError(f"lr must be positive, got {self.lr}")
         if self.grad_clip < 0:
-            raise ConfigError(f"grad_clip must not be negative (0 disables it), got {self.grad_clip}")
+            raise ConfigError(
+                f"grad_clip must not be negative (0 disables it), got {self.grad_clip}"
+            )
         if self.schedule not in ("cosine", "linear", "constant"):
             raise ConfigError(f"unknown schedule {self.schedule!r}: use cosine, linear or constant")
         try:

@@ -20,16 +20,18 @@ from ..core import (
     Plan,
     Precision,
     eval_dataloader,
+    health,
     move_to_device,
+    ops,
     prepare_dataloader,
     replica_layout,
     runtime,
 )
-from ..core import health, ops
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import ConfigError, TrainConfig
 from .reporting import Reporter
 from .tasks import Task, load_task
+
 
 def lr_lambda(schedule: str, warmup: int, total: int) -> Any:
     """Linear warm-up, then cosine/linear decay to 10% (or constant)."""
@@ -62,7 +64,11 @@ class Trainer:
     """Fits a task's model under a plan. Build it in the process that trains."""
 
     def __init__(
-        self, config: TrainConfig, plan: Plan, task: Task | None = None, model: nn.Module | None = None
+        self,
+        config: TrainConfig,
+        plan: Plan,
+        task: Task | None = None,
+        model: nn.Module | None = None,
     ) -> None:
         self.config = config
         self.plan = plan
@@ -109,12 +115,18 @@ class Trainer:
         sharded = prepare_dataloader(loader, self.replicas, self.rank, seed=cfg.seed)
         self.train_feeder = DeviceFeeder(sharded, self.strategy, batches_per_step=cfg.grad_accum)
         self.steps_per_epoch = len(sharded) // cfg.grad_accum
-        self.total_steps = cfg.max_steps if cfg.max_steps > 0 else self.steps_per_epoch * cfg.max_epochs
+        self.total_steps = (
+            cfg.max_steps if cfg.max_steps > 0 else self.steps_per_epoch * cfg.max_epochs
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(cfg.schedule, cfg.warmup_steps, self.total_steps)
         )
         eval_loader = eval_dataloader(
-            eval_set, cfg.eval_batch_size * local, self.replicas, self.rank, num_workers=cfg.num_workers
+            eval_set,
+            cfg.eval_batch_size * local,
+            self.replicas,
+            self.rank,
+            num_workers=cfg.num_workers,
         )
         self.eval_feeder = DeviceFeeder(eval_loader, self.strategy)
         if resume_state is not None:
@@ -133,14 +145,17 @@ class Trainer:
         )
         rng = state["rng"]
         random.setstate((rng["python_version"], tuple(rng["python"]), None))
-        np.random.set_state(("MT19937", rng["numpy"].numpy().astype(np.uint32), rng["numpy_pos"], 0, 0.0))
+        np.random.set_state(
+            ("MT19937", rng["numpy"].numpy().astype(np.uint32), rng["numpy_pos"], 0, 0.0)
+        )
         torch.set_rng_state(rng["torch"])
         ops.set_rng_state(rng["xla"])
 
     # ---- checkpoints --------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
         py_version, py_state, _ = random.getstate()
-        _, np_keys, np_pos, _, _ = np.random.get_state()
+        _, np_keys, np_pos, _, _ = np.random.get_state(legacy=True)  # type: ignore[misc]
+        assert isinstance(np_keys, np.ndarray)
         p = self.progress
         return {
             "model": ops.to_cpu(self.model.state_dict()),
@@ -168,7 +183,11 @@ class Trainer:
         path = None
         if self.is_master:
             path = save_checkpoint(
-                self._state(), self.config.run_dir, self.progress.step, self.config.keep_checkpoints, name
+                self._state(),
+                self.config.run_dir,
+                self.progress.step,
+                self.config.keep_checkpoints,
+                name,
             )
         ops.rendezvous("checkpoint", self.strategy)
         return path
@@ -264,17 +283,26 @@ class Trainer:
         """Metrics over the whole eval set, summed across replicas, padding excluded."""
         self.model.eval()
         sums: dict[str, torch.Tensor] | None = None
+        # XLA_USE_BF16 stores every device float as bf16 (4096 + 1 == 4096), so the
+        # legacy mode sums on the host instead, at one transfer per eval batch.
+        host: dict[str, float] = {}
         with torch.no_grad():
             for batch in self.eval_feeder.epoch(0):
                 batch = {k: self.precision.convert_input(v) for k, v in batch.items()}
                 with self.precision.forward_context():
                     part = self.task.eval_sums(self.model, batch)
+                if self.precision.legacy_env:
+                    part = {k: ops.all_reduce_sum(v, self.strategy) for k, v in part.items()}
+                    for key, value in part.items():
+                        host[key] = host.get(key, 0.0) + float(value.item())
+                    continue
                 sums = part if sums is None else {k: sums[k] + part[k] for k in sums}
         self.model.train()
-        assert sums is not None
-        reduced = {k: ops.all_reduce_sum(v.float(), self.strategy) for k, v in sums.items()}
-        ops.sync()
-        return self.task.finalize({k: float(v.item()) for k, v in reduced.items()})
+        if sums is not None:
+            reduced = {k: ops.all_reduce_sum(v.float(), self.strategy) for k, v in sums.items()}
+            ops.sync()
+            host = {k: float(v.item()) for k, v in reduced.items()}
+        return self.task.finalize(host)
 
     def evaluate_checkpoint(self, state: dict[str, Any]) -> dict[str, float]:
         """Evaluate a checkpoint's weights; writes nothing."""

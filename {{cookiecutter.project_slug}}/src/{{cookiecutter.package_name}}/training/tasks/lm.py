@@ -150,13 +150,17 @@ class LanguageModelTask:
 
     def datasets(self) -> tuple[Windows, Windows]:
         split = int(len(self.tokens) * (1 - self.eval_fraction))
-        return Windows(self.tokens[:split], self.seq_len), Windows(self.tokens[split:], self.seq_len)
+        return Windows(self.tokens[:split], self.seq_len), Windows(
+            self.tokens[split:], self.seq_len
+        )
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         logits = model(batch["x"])
         return F.cross_entropy(logits.flatten(0, 1).float(), batch["y"].flatten())
 
-    def eval_sums(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def eval_sums(
+        self, model: nn.Module, batch: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         logits = model(batch["x"]).float()
         per_token = F.cross_entropy(logits.transpose(1, 2), batch["y"], reduction="none")
         valid = batch["valid"].float()

@@ -71,7 +71,9 @@ class VisionTask:
         return SmallCNN(self.classes, self.width)
 
     def datasets(self) -> tuple[ImageSet, ImageSet]:
-        order = torch.randperm(len(self.labels), generator=torch.Generator().manual_seed(self.split_seed))
+        order = torch.randperm(
+            len(self.labels), generator=torch.Generator().manual_seed(self.split_seed)
+        )
         cut = int(len(order) * (1 - self.eval_fraction))
         train, held = order[:cut], order[cut:]
         return (
@@ -82,7 +84,9 @@ class VisionTask:
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return F.cross_entropy(model(batch["x"]).float(), batch["y"])
 
-    def eval_sums(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def eval_sums(
+        self, model: nn.Module, batch: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         logits = model(batch["x"]).float()
         valid = batch["valid"].float()
         per_sample = F.cross_entropy(logits, batch["y"], reduction="none")
