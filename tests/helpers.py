@@ -34,18 +34,21 @@ COMBOS: dict[str, dict[str, str]] = {
         "strategy": "ddp",
         "example_task": "lm",
     },
-    "v6e-8-vision": {"accelerator_type": "v6e-8", "example_task": "vision"},
+    "v6e-8-vision-py312": {
+        "accelerator_type": "v6e-8",
+        "example_task": "vision",
+        "python_version": "3.12",
+    },
     "v2-8-legacy-runtime-py310": {
         "accelerator_type": "v2-8",
         "runtime_version": "tpu-vm-pt-2.0",
         "strategy": "single",
         "python_version": "3.10",
     },
-    "v5litepod-32-py312-own-names": {
+    "v5litepod-32-own-names": {
         "project_name": "My Big Model",
         "package_name": "bigmodel",
         "accelerator_type": "v5litepod-32",
-        "python_version": "3.12",
         "gcp_project": "research-tpus-42",
     },
 }

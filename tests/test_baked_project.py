@@ -1,0 +1,114 @@
+"""A baked project runs: its own test suite passes and its commands start."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from helpers import Baked, tool_env
+
+# The project's suite runs on XLA:CPU in this interpreter (torch is too big for
+# a venv per project); two combinations cover both example tasks.
+SUITE_COMBOS = ["default-lm", "vision-bf16-mixed-spmd"]
+CLI_COMBOS = ["default-lm", "v5litepod-32-own-names"]
+
+
+def project_env(baked: Baked, **extra: str) -> dict[str, str]:
+    """Environment that imports the baked package from src/ on XLA:CPU."""
+    return tool_env(PYTHONPATH=str(baked.path / "src"), PJRT_DEVICE="CPU", **extra)
+
+
+def pytest_summary(output: str) -> dict[str, int]:
+    """Parse the counts from pytest's final summary line."""
+    lines = [line for line in output.strip().splitlines() if re.search(r"\d+ \w+ in [\d.]+s", line)]
+    assert lines, f"no pytest summary in:\n{output[-3000:]}"
+    return {word: int(count) for count, word in re.findall(r"(\d+) (\w+)", lines[-1])}
+
+
+@pytest.mark.parametrize("combo", SUITE_COMBOS)
+def test_baked_project_test_suite_passes(combo: str, bake_combo: Callable[[str], Baked]) -> None:
+    """It passes the baked project's own test suite on XLA:CPU."""
+    baked = bake_combo(combo)
+    assert baked.exit_code == 0, baked.exception
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
+        cwd=baked.path,
+        env=project_env(baked),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    summary = pytest_summary(result.stdout)
+    assert result.returncode == 0, output[-5000:]
+    assert summary.get("passed", 0) > 0, output[-3000:]
+    problems = {word: n for word, n in summary.items() if word.startswith(("failed", "error"))}
+    assert not problems, output[-5000:]
+
+
+@pytest.mark.parametrize("combo", CLI_COMBOS)
+def test_console_script_shows_help(
+    combo: str, bake_combo: Callable[[str], Baked], tmp_path: Path
+) -> None:
+    """It installs a console script named after the slug that prints the CLI's help."""
+    baked = bake_combo(combo)
+    assert baked.exit_code == 0, baked.exception
+    target = tmp_path / "site"
+    install = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(baked.path),
+        ],
+        env=tool_env(PIP_NO_INDEX="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    script = target / "bin" / baked.context["project_slug"]
+    assert script.is_file()
+
+    result = subprocess.run(
+        [str(script), "--help"],
+        env=tool_env(PYTHONPATH=str(target), PJRT_DEVICE="CPU"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "train" in result.stdout
+
+
+@pytest.mark.parametrize("combo", CLI_COMBOS)
+def test_python_m_package_shows_help(combo: str, bake_combo: Callable[[str], Baked]) -> None:
+    """It runs the CLI as `python -m <package> --help` without initialising XLA."""
+    baked = bake_combo(combo)
+    assert baked.exit_code == 0, baked.exception
+    result = subprocess.run(
+        [sys.executable, "-m", baked.context["package_name"], "--help"],
+        cwd=baked.path,
+        env=project_env(baked),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "train" in result.stdout
