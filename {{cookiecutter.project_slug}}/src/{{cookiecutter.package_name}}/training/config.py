@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+{%- if cookiecutter.python_version != "3.10" %}
 import tomllib
+{%- endif %}
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
+{% if cookiecutter.python_version == "3.10" %}
+import tomli as tomllib
+{%- endif %}
 import yaml
 
 
