@@ -1,0 +1,34 @@
+"""Batches reach the device only as tensors; anything else fails early and clearly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from {{ cookiecutter.package_name }}.core import DeviceFeeder
+
+
+class WithIds(Dataset[dict[str, object]]):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> dict[str, object]:
+        return {"x": torch.ones(4), "id": f"sample-{index}"}
+
+
+def test_string_in_batch_is_named_before_any_transfer(xla_device: torch.device) -> None:
+    """It raises TypeError naming the offending key and type when the feeder is built."""
+    loader = DataLoader(WithIds(), batch_size=4)
+    with pytest.raises(TypeError, match=r"batch\['id'\]\[0\] is a str, not a tensor"):
+        DeviceFeeder(loader, "single")
+
+
+def test_tensor_batches_reach_the_device(xla_device: torch.device) -> None:
+    """It feeds dict batches of tensors to the XLA device unchanged in shape."""
+    loader = DataLoader([{"x": torch.ones(4)} for _ in range(8)], batch_size=4)
+    batches = list(DeviceFeeder(loader, "single").epoch(0))
+    assert len(batches) == 2
+    assert batches[0]["x"].device.type == "xla"
+    assert nn.Linear(4, 1).to(xla_device)(batches[0]["x"]).shape == (4, 1)
