@@ -6,6 +6,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DIR := build/demo
+BENCH_DIR := build/bench
+BENCH_ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: help venv test test-fast demo lint bench clean
@@ -29,6 +31,14 @@ demo: $(STAMP) ## Bake the default project into build/demo and train it on XLA:C
 	mkdir -p $(dir $(DEMO_DIR))
 	$(BIN)/cookiecutter . --no-input --output-dir $(dir $(DEMO_DIR)) project_name=demo
 	$(MAKE) -C $(DEMO_DIR) install train-single VENV=$(abspath $(VENV)) ARGS="--max-steps 60 --log-every 10"
+
+bench: $(STAMP) ## Bake the default project into build/bench and run its benchmark (+ Accelerate)
+	rm -rf $(BENCH_DIR)
+	mkdir -p $(BENCH_DIR)
+	$(BIN)/cookiecutter . --no-input --output-dir $(BENCH_DIR) project_name=bench
+	$(BIN)/pip install --quiet accelerate==1.15.0
+	cd $(BENCH_DIR)/bench && PJRT_DEVICE=CPU PYTHONPATH=src $(abspath $(BIN))/python \
+		benchmarks/bench.py --out $(abspath $(BENCH_DIR)) $(BENCH_ARGS)
 
 lint: $(STAMP) ## Lint the template's own Python (hooks and tests)
 	$(BIN)/ruff check hooks tests

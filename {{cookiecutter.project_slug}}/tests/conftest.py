@@ -34,6 +34,21 @@ def xla_device() -> Any:
 
 
 @pytest.fixture
+def xla_guard(xla_device: Any) -> Callable[..., Any]:
+    """Build an `XlaGuard`: `with xla_guard(): ...` fails on a new graph, fallback or sync.
+
+    Pending work is cut when the block starts and again inside it at the end, so each
+    compilation is charged to the code that caused it. Warm the code up before the block.
+    """
+    from {{ cookiecutter.package_name }}.core import XlaGuard
+
+    def make(allowed_transfers: int = 0) -> Any:
+        return XlaGuard(allowed_transfers=allowed_transfers, sync=True)
+
+    return make
+
+
+@pytest.fixture
 def restore_environ() -> Iterator[None]:
     """Undo every environment change a test (or the code under test) makes."""
     saved = dict(os.environ)

@@ -38,6 +38,17 @@ def _metric_count(name: str) -> int:
     return int(data[0]) if data else 0
 
 
+def transfer_count() -> int:
+    """Device-to-host transfers so far (cheaper than a full snapshot)."""
+    return _metric_count("TransferFromDeviceTime")
+
+
+def _sync() -> None:
+    import torch_xla
+
+    torch_xla.sync()
+
+
 def snapshot() -> HealthSnapshot:
     """Read the runtime's counters now."""
     import torch_xla.debug.metrics as met
@@ -84,16 +95,24 @@ def diagnose(delta: HealthSnapshot, steps: int, expected_graphs: int = 2) -> lis
 class XlaGuard:
     """Fail fast when, inside the block, XLA compiles a new graph, falls back, or syncs.
 
-    `allowed_transfers` permits the transfers of a logging cadence.
+    `allowed_transfers` permits the transfers of a logging cadence; `allow()` adds to it
+    while the block runs (the trainer does, for each deliberate host read). With
+    `sync=True` pending work is cut before the block and inside it at the end, so
+    compilations are charged to the code that caused them.
     """
 
-    def __init__(self, allowed_transfers: int = 0, allowed_compilations: int = 0) -> None:
+    def __init__(
+        self, allowed_transfers: int = 0, allowed_compilations: int = 0, sync: bool = False
+    ) -> None:
         self.allowed_transfers = allowed_transfers
         self.allowed_compilations = allowed_compilations
+        self.sync = sync
         self.start: HealthSnapshot | None = None
         self.delta: HealthSnapshot | None = None
 
     def __enter__(self) -> XlaGuard:
+        if self.sync:
+            _sync()
         self.start = snapshot()
         return self
 
@@ -103,19 +122,34 @@ class XlaGuard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self.start is not None
-        self.delta = snapshot().since(self.start)
         if exc_type is not None:
+            self.delta = self._delta()
             return
+        if self.sync:
+            _sync()
+        self.check()
+
+    def allow(self, transfers: int) -> None:
+        """Permit `transfers` more device-to-host transfers (a deliberate host read)."""
+        self.allowed_transfers += transfers
+
+    def _delta(self) -> HealthSnapshot:
+        assert self.start is not None, "XlaGuard.check() called outside its block"
+        return snapshot().since(self.start)
+
+    def check(self) -> None:
+        """Raise XlaHealthError naming every cause seen since the block began."""
+        self.delta = self._delta()
         problems = []
         if self.delta.compilations > self.allowed_compilations:
             problems.append(
                 f"{self.delta.compilations} new graph(s) compiled after warm-up: a shape or "
-                "Python branch changed between steps (ragged batch? variable length?)"
+                "Python branch changed between steps (ragged batch? variable length?); "
+                "PT_XLA_DEBUG_LEVEL=1 prints each compilation's cause"
             )
         if self.delta.fallback_ops:
-            ops = ", ".join(sorted(self.delta.fallback_ops))
-            problems.append(f"CPU fallback op(s) executed: {ops}")
+            ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.delta.fallback_ops.items()))
+            problems.append(f"CPU fallback op(s) executed: {ops} (use XLA-lowered ops)")
         if self.delta.transfers > self.allowed_transfers:
             problems.append(
                 f"{self.delta.transfers} device-to-host transfer(s), {self.allowed_transfers} "

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,13 @@ class Progress:
 
 
 class Trainer:
-    """Fits a task's model under a plan. Build it in the process that trains."""
+    """Fits a task's model under a plan. Build it in the process that trains.
+
+    `guard_after=N` wraps the rest of the loop in an `XlaGuard` once N steps (and the
+    first in-loop eval) have run: `fit()` then raises `XlaHealthError` at the next
+    logging step if a graph is compiled, a CPU fallback op runs, or the device is read
+    outside the trainer's own host reads (logging, eval totals, checkpoints).
+    """
 
     def __init__(
         self,
@@ -69,6 +77,7 @@ class Trainer:
         plan: Plan,
         task: Task | None = None,
         model: nn.Module | None = None,
+        guard_after: int | None = None,
     ) -> None:
         self.config = config
         self.plan = plan
@@ -80,6 +89,11 @@ class Trainer:
         self.progress = Progress()
         self.stop_requested = False
         self.eval_metrics: dict[str, float] = {}
+        self.guard_after = guard_after
+        self.guard: health.XlaGuard | None = None
+        self.guard_armed_at: int | None = None
+        self.guard_result: dict[str, int] | None = None
+        self.evaluations = 0
 
     # ---- set-up -------------------------------------------------------------------------
     def _setup(self, resume_state: dict[str, Any] | None, report: bool = True) -> None:
@@ -131,6 +145,7 @@ class Trainer:
         self.eval_feeder = DeviceFeeder(eval_loader, self.strategy)
         if resume_state is not None:
             self._restore(resume_state)
+        self._prime_optimizer_state()
         self.reporter = Reporter(Path(cfg.run_dir), self.total_steps, self.is_master and report)
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -150,6 +165,34 @@ class Trainer:
         )
         torch.set_rng_state(rng["torch"])
         ops.set_rng_state(rng["xla"])
+
+    def _prime_optimizer_state(self) -> None:
+        """Create AdamW's moments now, as device data, exactly as its first step would.
+
+        Created lazily, they are constants in the first step's graph and inputs of every
+        later one: two graphs to compile. Made here, step 1 already runs the steady graph.
+        """
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                state = self.optimizer.state[param]
+                if state or not param.requires_grad:
+                    continue
+                # Host zeros moved to the device are device data; zeros made on it would be IR.
+                zeros = torch.zeros(param.shape, dtype=param.dtype)
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)  # on the host, as torch
+                state["exp_avg"] = zeros.to(param.device)
+                state["exp_avg_sq"] = zeros.to(param.device)
+                if group["amsgrad"]:
+                    state["max_exp_avg_sq"] = zeros.to(param.device)
+
+    @contextlib.contextmanager
+    def _host_read(self) -> Iterator[None]:
+        """A deliberate device-to-host read: the armed guard allows the transfers it makes."""
+        guard = self.guard
+        before = health.transfer_count() if guard is not None else 0
+        yield
+        if guard is not None:
+            guard.allow(health.transfer_count() - before)
 
     # ---- checkpoints --------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -182,8 +225,10 @@ class Trainer:
         ops.sync()
         path = None
         if self.is_master:
+            with self._host_read():
+                state = self._state()
             path = save_checkpoint(
-                self._state(),
+                state,
                 self.config.run_dir,
                 self.progress.step,
                 self.config.keep_checkpoints,
@@ -194,7 +239,8 @@ class Trainer:
 
     # ---- the loop ---------------------------------------------------------------------
     def _log_train(self, step: int, loss: torch.Tensor, lr: float) -> None:
-        value = float(loss.item())
+        with self._host_read():
+            value = float(loss.item())
         self.progress.losses.append((step, value))
         self.reporter.scalars(step, {"loss": value, "lr": lr}, "train")
 
@@ -202,7 +248,8 @@ class Trainer:
         batch = {k: self.precision.convert_input(v) for k, v in batch.items()}
         with self.precision.forward_context():
             loss = self.task.loss(self.model, batch)
-        (loss / self.config.grad_accum).backward()
+        # Dividing by 1 would still add a node to every step's graph.
+        (loss / self.config.grad_accum if self.config.grad_accum > 1 else loss).backward()
         if micro + 1 == self.config.grad_accum:
             ops.reduce_gradients(self.optimizer, self.strategy)
             if self.config.grad_clip:  # after the cross-replica reduction
@@ -217,7 +264,8 @@ class Trainer:
             return self.stop_requested
         # Replicas must agree, or one would wait forever in a collective: ask on a cadence.
         if step % max(1, self.config.log_every) == 0:
-            return ops.agree_any(self.stop_requested, self.strategy)
+            with self._host_read():
+                return ops.agree_any(self.stop_requested, self.strategy)
         return False
 
     def fit(self) -> dict[str, Any]:
@@ -231,6 +279,10 @@ class Trainer:
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             status = self._loop()
+            if self.guard is not None:
+                self.guard.check()
+                self.guard_result = self._guard_summary()
+                self.guard = None  # the final eval and save are outside the window
         finally:
             signal.signal(signal.SIGTERM, previous)
         return self._finish(status)
@@ -258,6 +310,8 @@ class Trainer:
                 if cfg.log_every and (p.step % cfg.log_every == 0 or p.step == self.total_steps):
                     lr = self.scheduler.get_last_lr()[0]
                     ops.add_step_closure(self._log_train, (p.step, last_loss, lr))
+                    if self.guard is not None:
+                        self.guard.check()  # fail fast, on the logging cadence
                 if self.timer is None and p.step >= 3:
                     ops.sync()
                     ops.wait()
@@ -266,6 +320,10 @@ class Trainer:
                     self._evaluate_and_decide()
                 if cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0:
                     self.save()
+                if self.guard is None and self._warm_for_guard(p.step):
+                    self.guard = health.XlaGuard()
+                    self.guard.__enter__()
+                    self.guard_armed_at = p.step
                 if self._should_stop(p.step):
                     self.loop_health = health.snapshot().since(self.health_start)
                     self.save()
@@ -279,6 +337,12 @@ class Trainer:
         self.loop_health = health.snapshot().since(self.health_start)
         return "completed"
 
+    def _warm_for_guard(self, step: int) -> bool:
+        """True once `guard_after` steps and, if the loop evaluates, one eval have run."""
+        if self.guard_after is None or step < self.guard_after:
+            return False
+        return not self.config.eval_every or self.evaluations > 0
+
     def evaluate(self) -> dict[str, float]:
         """Metrics over the whole eval set, summed across replicas, padding excluded."""
         self.model.eval()
@@ -286,6 +350,7 @@ class Trainer:
         # XLA_USE_BF16 stores every device float as bf16 (4096 + 1 == 4096), so the
         # legacy mode sums on the host instead, at one transfer per eval batch.
         host: dict[str, float] = {}
+        self.evaluations += 1
         with torch.no_grad():
             for batch in self.eval_feeder.epoch(0):
                 batch = {k: self.precision.convert_input(v) for k, v in batch.items()}
@@ -293,15 +358,21 @@ class Trainer:
                     part = self.task.eval_sums(self.model, batch)
                 if self.precision.legacy_env:
                     part = {k: ops.all_reduce_sum(v, self.strategy) for k, v in part.items()}
-                    for key, value in part.items():
-                        host[key] = host.get(key, 0.0) + float(value.item())
+                    with self._host_read():
+                        for key, value in part.items():
+                            host[key] = host.get(key, 0.0) + float(value.item())
                     continue
-                sums = part if sums is None else {k: sums[k] + part[k] for k in sums}
+                if sums is None:
+                    # Host zeros of shape (1,) arrive as device data (0-d ones would be
+                    # constants), like later batches' sums: every batch runs one graph.
+                    sums = {k: torch.zeros(1, dtype=torch.float32).to(self.device) for k in part}
+                sums = {k: sums[k] + part[k].float() for k in sums}
         self.model.train()
         if sums is not None:
-            reduced = {k: ops.all_reduce_sum(v.float(), self.strategy) for k, v in sums.items()}
+            reduced = {k: ops.all_reduce_sum(v, self.strategy) for k, v in sums.items()}
             ops.sync()
-            host = {k: float(v.item()) for k, v in reduced.items()}
+            with self._host_read():
+                host = {k: float(v.item()) for k, v in reduced.items()}
         return self.task.finalize(host)
 
     def evaluate_checkpoint(self, state: dict[str, Any]) -> dict[str, float]:
@@ -318,6 +389,17 @@ class Trainer:
             self.progress.best = self.eval_metrics["loss"]
             if self.config.checkpoint_every:
                 self.save("best.pt")
+
+    def _guard_summary(self) -> dict[str, int] | None:
+        guard = self.guard
+        if guard is None or guard.delta is None or self.guard_armed_at is None:
+            return None
+        return {
+            "armed_at_step": self.guard_armed_at,
+            "compilations": guard.delta.compilations,
+            "transfers": guard.delta.transfers,
+            "allowed_transfers": guard.allowed_transfers,
+        }
 
     def _finish(self, status: str) -> dict[str, Any]:
         p = self.progress
@@ -342,6 +424,7 @@ class Trainer:
             "loop_transfers": self.loop_health.transfers,
             "loop_compilations": self.loop_health.compilations,
             "steps_per_second": round(steps_per_second, 3),
+            "guard": self.guard_result,
             "accelerator": self.plan.accelerator,
             "strategy": self.strategy,
             "devices": runtime.global_device_count(),

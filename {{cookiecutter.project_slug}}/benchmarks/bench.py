@@ -1,0 +1,416 @@
+"""Steps/s of the Trainer beside a hand-written torch_xla loop and Accelerate, on XLA:CPU.
+
+    python benchmarks/bench.py [--workloads mlp,task,spmd] [--rounds 5] [--out runs/bench]
+
+Every contender trains the same model on the same data with the same batch size,
+precision (fp32), device and math (AdamW, warm-up + cosine schedule, gradient
+clipping at 1.0, the loss read every 20 steps). Within one workload all contenders run
+in one process, in turn, for several rounds; the first 3 steps of every run (where
+graphs compile) are not timed. XLA health (graphs compiled, CPU fallback ops,
+device-to-host transfers) is read from a cold run of each contender in a fresh process,
+since XLA's graph cache is shared within a process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from {{ cookiecutter.package_name }}.core import health, make_plan
+from {{ cookiecutter.package_name }}.core.launch import launch
+from {{ cookiecutter.package_name }}.training import TrainConfig, Trainer
+from {{ cookiecutter.package_name }}.training.tasks import load_task
+from {{ cookiecutter.package_name }}.training.trainer import lr_lambda
+
+WARMUP_STEPS = 3  # the Trainer's own timer also starts after step 3
+LOG_EVERY = 20
+CONFIG = TrainConfig()  # the defaults every contender copies
+WORKLOADS = {
+    # name: (steps per run, rounds, devices, contenders)
+    "mlp": (128, 5, 1, ("hand-written", "trainer", "accelerate")),
+    "task": (43, 3, 1, ("hand-written", "trainer", "accelerate")),
+    "spmd": (64, 3, 8, ("hand-written", "trainer")),
+}
+
+
+class Pairs(Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[index], "y": self.y[index]}
+
+
+class MlpTask:
+    """An MLP 64-256-10 on synthetic data: 4096 samples, 32 steps of 128 per epoch."""
+
+    name = "mlp"
+    batch_size = 128
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(5120, 64, generator=generator)
+        self.y = torch.randint(0, 10, (5120,), generator=generator)
+
+    def build_model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+
+    def datasets(self) -> tuple[Pairs, Pairs]:
+        return Pairs(self.x[:4096], self.y[:4096]), Pairs(self.x[4096:], self.y[4096:])
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return F.cross_entropy(model(batch["x"]), batch["y"])
+
+    def eval_sums(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        valid = batch["valid"].float()
+        loss = F.cross_entropy(model(batch["x"]), batch["y"], reduction="none")
+        return {"loss": (loss * valid).sum(), "samples": valid.sum()}
+
+    def finalize(self, sums: dict[str, float]) -> dict[str, float]:
+        return {"loss": sums["loss"] / max(sums["samples"], 1.0)}
+
+
+def make_workload(name: str) -> Any:
+    if name in ("mlp", "spmd"):
+        return MlpTask()
+    task = load_task(CONFIG.task)
+    task.batch_size = CONFIG.batch_size
+    return task
+
+
+def log_reads(steps: int) -> int:
+    """Loss reads at the logging cadence, the last step included (as the Trainer logs)."""
+    return steps // LOG_EVERY + (1 if steps % LOG_EVERY else 0)
+
+
+class Clock:
+    """Starts after the warm-up steps with the device idle; stops when it is idle again.
+
+    It also reads XLA's counters over the whole loop, warm-up included.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.start = 0.0
+        self.health = health.snapshot()
+
+    def step(self, step: int) -> None:
+        if step == WARMUP_STEPS:
+            import torch_xla
+            import torch_xla.core.xla_model as xm
+
+            torch_xla.sync()
+            xm.wait_device_ops()
+            self.start = time.perf_counter()
+
+    def result(self) -> dict[str, Any]:
+        import torch_xla.core.xla_model as xm
+
+        xm.wait_device_ops()
+        rate = (self.total - WARMUP_STEPS) / (time.perf_counter() - self.start)
+        delta = health.snapshot().since(self.health)
+        return {"rate": rate, **delta.__dict__}
+
+
+def optimizer_and_schedule(model: nn.Module, total: int) -> tuple[Any, Any]:
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=CONFIG.lr, weight_decay=CONFIG.weight_decay
+    )
+    schedule = lr_lambda(CONFIG.schedule, CONFIG.warmup_steps, total)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def hand_written(task: Any, total: int, devices: int) -> dict[str, Any]:
+    """The loop of torch_xla's examples: MpDeviceLoader, xm.optimizer_step, step closures."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.parallel_loader as pl
+
+    device = torch_xla.device()
+    torch.manual_seed(CONFIG.seed)
+    model = task.build_model().to(device)
+    optimizer, scheduler = optimizer_and_schedule(model, total)
+    loader = DataLoader(
+        task.datasets()[0], batch_size=task.batch_size * devices, shuffle=True, drop_last=True
+    )
+    sharding = None
+    if devices > 1:
+        import numpy as np
+        import torch_xla.distributed.spmd as xs
+
+        mesh = xs.Mesh(np.arange(devices), (devices,), ("data",))
+        sample = next(iter(loader))
+        sharding = {
+            k: xs.ShardingSpec(mesh, ("data",) + (None,) * (v.dim() - 1)) for k, v in sample.items()
+        }
+    losses: list[float] = []
+    clock, step = Clock(total), 0
+    while step < total:
+        for batch in pl.MpDeviceLoader(loader, device, input_sharding=sharding):
+            optimizer.zero_grad()
+            loss = task.loss(model, batch)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), CONFIG.grad_clip)
+            xm.optimizer_step(optimizer)
+            scheduler.step()
+            step += 1
+            if step % LOG_EVERY == 0 or step == total:
+                xm.add_step_closure(lambda value: losses.append(value.item()), args=(loss,))
+            clock.step(step)
+            if step == total:
+                break
+    torch_xla.sync()
+    return clock.result()
+
+
+def accelerate_loop(task: Any, total: int, devices: int) -> dict[str, Any]:
+    """Accelerate's loop; the loss is read one step late, after the loader's sync."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    torch.manual_seed(CONFIG.seed)
+    model = task.build_model()
+    optimizer, scheduler = optimizer_and_schedule(model, total)
+    loader = DataLoader(
+        task.datasets()[0], batch_size=task.batch_size, shuffle=True, drop_last=True
+    )
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    losses: list[float] = []
+    pending: torch.Tensor | None = None
+    clock, step = Clock(total), 0
+    while step < total:
+        for batch in loader:
+            if pending is not None:  # already computed: a transfer, not a new graph
+                losses.append(pending.item())
+                pending = None
+            loss = task.loss(model, batch)
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), CONFIG.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            step += 1
+            if step % LOG_EVERY == 0 or step == total:
+                pending = loss.detach()
+            clock.step(step)
+            if step == total:
+                break
+    import torch_xla
+
+    torch_xla.sync()
+    if pending is not None:
+        losses.append(pending.item())
+    return clock.result()
+
+
+def trainer(task: Any, total: int, devices: int) -> dict[str, Any]:
+    """The generated Trainer through its public API, default features on, eval off."""
+    strategy = "spmd" if devices > 1 else "single"
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = TrainConfig(
+            task=task.name,
+            accelerator="cpu",
+            devices=str(devices),
+            strategy=strategy,
+            precision="32-true",
+            batch_size=task.batch_size,
+            max_steps=total,
+            log_every=LOG_EVERY,
+            run_dir=run_dir,
+        )
+        summary = Trainer(config, make_plan("cpu", devices, strategy), task=task).fit()
+    # Its timer starts after step 3 too; its loop counters exclude the final eval and save.
+    return {
+        "rate": float(summary["steps_per_second"]),
+        "compilations": summary["loop_compilations"],
+        "transfers": summary["loop_transfers"],
+        "fallback_ops": summary["fallback_ops"],
+        "eval_graphs": summary["compilations"] - summary["loop_compilations"],
+    }
+
+
+CONTENDERS: dict[str, Callable[[Any, int, int], dict[str, Any]]] = {
+    "hand-written": hand_written,
+    "trainer": trainer,
+    "accelerate": accelerate_loop,
+}
+
+
+def worker(workload: str, contenders: list[str], rounds: int) -> dict[str, Any]:
+    """Run each contender in turn, `rounds` times, in this process."""
+    total, _, devices, _ = WORKLOADS[workload]
+    task = make_workload(workload)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name in contenders:
+            runs[name].append(CONTENDERS[name](task, total, devices))
+    return runs
+
+
+def run_worker(workload: str, contenders: list[str], rounds: int) -> dict[str, Any]:
+    """Run `worker` in a fresh process (SPMD and device counts are per process)."""
+    devices = WORKLOADS[workload][2]
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    if devices > 1:
+        env["CPU_NUM_DEVICES"] = str(devices)
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = [sys.executable, __file__, "--worker", workload, "--result", out.name]
+        command += ["--contenders", ",".join(contenders), "--rounds", str(rounds)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"benchmark worker {workload} failed:\n{done.stderr[-3000:]}")
+        result: dict[str, Any] = json.loads(Path(out.name).read_text())
+        return result
+
+
+def measure(workload: str, rounds: int | None) -> list[dict[str, Any]]:
+    """Median steps/s of each contender (one process), and its health from a cold process."""
+    total, default_rounds, _, contenders = WORKLOADS[workload]
+    timed = run_worker(workload, list(contenders), rounds or default_rounds)
+    rows: list[dict[str, Any]] = []
+    for name in contenders:
+        cold = run_worker(workload, [name], 1)[name][0]
+        rates = [run["rate"] for run in timed[name]]
+        rows.append(
+            {
+                "workload": workload,
+                "contender": name,
+                "steps_per_run": total,
+                "rounds": rates,
+                "median": statistics.median(rates),
+                "compilations": cold["compilations"],
+                "eval_graphs": cold.get("eval_graphs"),
+                "fallback_ops": cold["fallback_ops"],
+                "transfers_per_step": cold["transfers"] / total,
+                "outside_logging_per_step": (cold["transfers"] - log_reads(total)) / total,
+            }
+        )
+    for row in rows:
+        row["vs_hand_written"] = row["median"] / rows[0]["median"]
+    return rows
+
+
+def table(rows: list[dict[str, Any]], task_name: str) -> str:
+    lines = [
+        "| workload | contender | steps/s (median) | rounds | vs hand-written | graphs "
+        "| fallback ops | transfers/step | outside logging |",
+        "| --- | --- | ---: | --- | ---: | ---: | --- | ---: | ---: |",
+    ]
+    names = {"task": task_name, "spmd": "spmd mlp x8"}
+    by_workload: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_workload.setdefault(row["workload"], []).append(row)
+    for workload, group in by_workload.items():
+        label = names.get(workload, workload)
+        for row in group:
+            rounds = " ".join(f"{rate:.0f}" for rate in row["rounds"])
+            graphs = str(row["compilations"])
+            if row["eval_graphs"] is not None:
+                graphs += f" (+{row['eval_graphs']} eval)"
+            ops = ", ".join(f"{k} x{v}" for k, v in row["fallback_ops"].items()) or "0"
+            lines.append(
+                f"| {label} | {row['contender']} | {row['median']:.1f} | {rounds} "
+                f"| {row['vs_hand_written']:.2f}x | {graphs} | {ops} "
+                f"| {row['transfers_per_step']:.3f} | {row['outside_logging_per_step']:.3f} |"
+            )
+        if all(row["contender"] != "accelerate" for row in group):
+            lines.append(
+                f"| {label} | accelerate | n/a | | | | | | |"
+                if workload != "spmd"
+                else f"| {label} | accelerate | n/a: no XLA:CPU SPMD path | | | | | | |"
+            )
+    return "\n".join(lines)
+
+
+def verdict(rows: list[dict[str, Any]]) -> list[str]:
+    """The targets, met or missed, per workload."""
+    notes = []
+    for workload in dict.fromkeys(row["workload"] for row in rows):
+        group = {row["contender"]: row for row in rows if row["workload"] == workload}
+        ours = group["trainer"]
+        checks = [
+            (
+                f"trainer {ours['vs_hand_written']:.2f}x hand-written (target >= 0.98x)",
+                ours["vs_hand_written"] >= 0.98,
+            ),
+            (
+                f"trainer graphs: {ours['compilations']} train + {ours['eval_graphs']} eval "
+                "(target 1 + 1)",
+                ours["compilations"] == 1 and ours["eval_graphs"] == 1,
+            ),
+            ("trainer fallback ops: none", not ours["fallback_ops"]),
+            (
+                f"trainer transfers outside logging: {ours['outside_logging_per_step']:.3f}/step",
+                ours["outside_logging_per_step"] <= 0,
+            ),
+        ]
+        if "accelerate" in group:
+            ratio = ours["median"] / group["accelerate"]["median"]
+            checks.append((f"trainer {ratio:.2f}x Accelerate (target >= 1.2x)", ratio >= 1.2))
+        for text, met in checks:
+            notes.append(f"- {workload}: {'met' if met else 'MISSED'}: {text}")
+    return notes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="mlp,task,spmd")
+    parser.add_argument("--rounds", type=int, default=None, help="override rounds per workload")
+    parser.add_argument("--out", default="runs/bench")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--contenders", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        if args.worker == "spmd":
+            plan = make_plan("cpu", WORKLOADS["spmd"][2], "spmd")
+            runs = launch(worker, plan, args=(args.worker, args.contenders.split(","), args.rounds))
+        else:
+            runs = worker(args.worker, args.contenders.split(","), args.rounds)
+        Path(args.result).write_text(json.dumps(runs))
+        return 0
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        print(f"unknown workload {unknown[0]!r}: choose from {', '.join(WORKLOADS)}")
+        return 2
+    rows = [row for workload in workloads for row in measure(workload, args.rounds)]
+    text = "\n".join(
+        [
+            f"XLA:CPU, fp32, {os.cpu_count()} host cores (shared: expect noise; medians).",
+            "",
+            table(rows, f"{CONFIG.task} example"),
+            "",
+            *verdict(rows),
+        ]
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.md").write_text(text + "\n")
+    (out / "bench.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(text)
+    print(f"\nwritten: {out / 'bench.md'} and {out / 'bench.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""The XLA guard over real training: silent on a healthy fit, loud on recompiles and syncs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from {{ cookiecutter.package_name }}.core import XlaHealthError, make_plan
+from {{ cookiecutter.package_name }}.training import TrainConfig, Trainer
+from {{ cookiecutter.package_name }}.training.tasks import load_task
+
+from training_helpers import TINY
+
+# Batch sizes no other test uses, so this module's graphs compile here, cold; the
+# training and eval sets are not multiples of them (checked below).
+{% if cookiecutter.example_task == "lm" -%}
+SETTINGS: dict[str, Any] = {
+    **TINY,
+    "batch_size": 7,
+    "eval_batch_size": 12,
+    "task_options": {**TINY["task_options"], "max_bytes": 6000},
+}
+{%- else -%}
+SETTINGS: dict[str, Any] = {**TINY, "batch_size": 13, "eval_batch_size": 28}
+{%- endif %}
+PLAN = make_plan("cpu", 1, "single")
+
+
+def make_config(run_dir: Path, **overrides: Any) -> TrainConfig:
+    return TrainConfig(**{**SETTINGS, "accelerator": "cpu", "run_dir": str(run_dir), **overrides})
+
+
+class ItemInLoss:
+    """The project's task with a classic bug: a NaN check that reads the loss every step."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        self.name = task.name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.task, name)
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        loss = self.task.loss(model, batch)
+        if loss.item() != loss.item():  # a device-to-host transfer in every step
+            raise FloatingPointError("loss is NaN")
+        return loss
+
+
+def test_multi_epoch_fit_with_eval_compiles_each_graph_once(tmp_path: Path) -> None:
+    """It fits 2 epochs with evals on ragged-length data inside the guard, one graph each."""
+    config = make_config(tmp_path, max_epochs=2, eval_every=40, log_every=10)
+    trainer = Trainer(config, PLAN, guard_after=2)
+    train_set, eval_set = trainer.task.datasets()
+    assert len(train_set) % config.batch_size != 0  # type: ignore[arg-type]
+    assert len(eval_set) % config.eval_batch_size != 0  # type: ignore[arg-type]
+
+    summary = trainer.fit()
+
+    assert summary["status"] == "completed"
+    assert summary["steps"] == 2 * (len(train_set) // config.batch_size)  # type: ignore[arg-type]
+    guard = summary["guard"]
+    assert guard is not None and guard["armed_at_step"] == 40  # after the first eval
+    assert guard["armed_at_step"] < summary["steps"] // 2  # the epoch boundary is guarded
+    assert guard["compilations"] == 0 and guard["transfers"] <= guard["allowed_transfers"]
+    assert summary["compilations"] == 2  # one train step graph, one eval step graph
+    assert summary["fallback_ops"] == {}
+
+
+def test_guard_fails_the_fit_on_an_item_in_the_step(tmp_path: Path) -> None:
+    """It stops the fit at the next logging step, naming the host sync."""
+    config = make_config(tmp_path, max_steps=40, log_every=10)
+    task = ItemInLoss(load_task(config.task, options=config.task_options))
+    trainer = Trainer(config, PLAN, task=task, guard_after=2)
+
+    with pytest.raises(XlaHealthError, match=r"device-to-host transfer.*\.item\(\)") as error:
+        trainer.fit()
+
+    assert trainer.progress.step == 10  # failed fast, not at the end of the run
+    assert "compiled" not in str(error.value)
+
+
+def test_guard_fails_on_a_ragged_batch_after_warm_up(xla_guard: Any, xla_device: Any) -> None:
+    """It passes a warm step and fails when a shorter batch compiles a new graph."""
+    task = load_task(SETTINGS["task"], options=SETTINGS["task_options"])
+    torch.manual_seed(0)
+    model = task.build_model().to(xla_device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch = next(iter(DataLoader(task.datasets()[0], batch_size=SETTINGS["batch_size"] + 2)))
+    full = {k: v.to(xla_device) for k, v in batch.items()}
+    ragged = {k: v[:-3] for k, v in full.items()}
+
+    def step(data: dict[str, torch.Tensor]) -> None:
+        optimizer.zero_grad()
+        task.loss(model, data).backward()
+        optimizer.step()
+        torch_sync()
+
+    for _ in range(2):
+        step(full)
+    with xla_guard():
+        step(full)
+    with pytest.raises(XlaHealthError, match=r"new graph.*compiled.*ragged batch"), xla_guard():
+        step(ragged)
+
+
+def torch_sync() -> None:
+    import torch_xla
+
+    torch_xla.sync()
