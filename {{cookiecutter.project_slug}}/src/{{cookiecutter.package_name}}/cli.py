@@ -1,4 +1,4 @@
-"""Command line: `{{ cookiecutter.project_slug }} train|eval|config show` (also `python -m {{ cookiecutter.package_name }}`)."""
+"""Command line: `{{ cookiecutter.project_slug }} train|eval|doctor|pod|config show` (also `python -m {{ cookiecutter.package_name }}`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from .core.runtime import RuntimeConfigError
+from .pod_cli import pod_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect the resolved configuration.")
 app.add_typer(config_app, name="config")
+app.add_typer(pod_app, name="pod")
 
 ConfigFile = Annotated[
     Path | None, typer.Option("--config", "-c", help="TOML or YAML file of config keys.")
@@ -115,6 +117,30 @@ def _eval_worker(cfg: Any, plan: Any, state: dict[str, Any]) -> dict[str, float]
     from .training import Trainer
 
     return Trainer(cfg, plan).evaluate_checkpoint(state)
+
+
+@app.command()
+def doctor(
+    config: ConfigFile = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+) -> None:
+    """Check the torch/torch_xla setup of this host; print the fix of each problem."""
+    import os
+
+    from .core import doctor as checks
+
+    cfg = _resolve(config, None, {})
+    found = checks.run_checks(os.environ, cfg.compile_cache)
+    result = checks.report(found)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        for check in found:
+            typer.echo(f"{check.status:<6} {check.name:<18} {check.detail}")
+            if check.fix:
+                typer.echo(f"{'':<6} {'':<18} fix: {check.fix}")
+        typer.echo(f"doctor: {result['errors']} errors, {result['warnings']} warnings")
+    raise typer.Exit(1 if result["errors"] else 0)
 
 
 @config_app.command("show")

@@ -1,0 +1,135 @@
+"""`doctor`: versions, runtime, TPU holders, container flags, each problem with its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from {{ cookiecutter.package_name }}.cli import app
+from {{ cookiecutter.package_name }}.core import doctor
+
+from training_helpers import cli_env
+
+PACKAGE = "{{ cookiecutter.package_name }}"
+
+
+def test_doctor_on_xla_cpu_reports_versions_and_one_device() -> None:
+    """It prints torch/torch_xla in lockstep and XLA:CPU with 1 device, and exits 0."""
+    env = {k: v for k, v in cli_env().items() if not k.startswith(("XRT_", "XLA_PERSISTENT"))}
+    result = subprocess.run(
+        [sys.executable, "-m", PACKAGE, "doctor"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "torch 2.9" in result.stdout and "torch_xla 2.9" in result.stdout
+    assert "(in lockstep)" in result.stdout
+    accelerator = next(line for line in result.stdout.splitlines() if " accelerator " in line)
+    assert accelerator.startswith("ok") and "XLA:CPU" in accelerator
+    assert accelerator.endswith(", 1 device")
+    assert result.stdout.strip().splitlines()[-1].startswith("doctor: 0 errors")
+
+
+def test_doctor_fails_on_a_legacy_xrt_setting(restore_environ: None) -> None:
+    """It exits 1 when XRT_TPU_CONFIG is set and says to unset it."""
+    env = {"XRT_TPU_CONFIG": "localservice;0;localhost:51011", "PJRT_DEVICE": "CPU"}
+    result = CliRunner().invoke(app, ["doctor"], env=env)
+    assert result.exit_code == 1, result.output
+    assert "legacy XRT settings XRT_TPU_CONFIG are set" in result.stdout
+    assert "fix: unset XRT_TPU_CONFIG" in result.stdout
+
+
+def test_doctor_json_lists_every_check(restore_environ: None) -> None:
+    """It prints machine-readable checks with error and warning counts."""
+    result = CliRunner().invoke(app, ["doctor", "--json"], env={"PJRT_DEVICE": "CPU"})
+    report = json.loads(result.stdout)
+    names = {check["name"] for check in report["checks"]}
+    assert {"versions", "runtime-variables", "tpu-holders", "compile-cache"} <= names
+    assert result.exit_code == (1 if report["errors"] else 0)
+
+
+@pytest.mark.parametrize(
+    "torch_version,xla_version,status",
+    [
+        ("2.9.0", "2.9.0", "ok"),
+        ("2.9.1+cpu", "2.9.0", "ok"),
+        ("2.10.0", "2.9.0", "error"),
+        ("2.9.0", "3.9.0", "error"),
+        (None, "2.9.0", "error"),
+        ("2.9.0", None, "error"),
+    ],
+)
+def test_version_lockstep_compares_major_and_minor(
+    torch_version: str | None, xla_version: str | None, status: str
+) -> None:
+    """It accepts torch/torch_xla pairs with the same major.minor only."""
+    check = doctor.check_versions(torch_version, xla_version)
+    assert check.status == status
+    assert (check.fix != "") == (status == "error")
+
+
+def test_mismatched_versions_name_the_matching_install() -> None:
+    """It tells how to install a matching pair."""
+    check = doctor.check_versions("2.8.0", "2.9.0")
+    assert check.fix == "install the matching pair: pip install torch==2.9.0 torch_xla==2.9.0"
+
+
+def test_holders_of_a_device_file_are_found_with_the_fix(tmp_path: Path) -> None:
+    """It finds a process holding a device file and tells how to stop it."""
+    device = tmp_path / "accel0"
+    device.touch()
+    with device.open() as held:
+        holder = subprocess.Popen(["sleep", "60"], stdin=held)
+    try:
+        holders = doctor.device_holders([str(tmp_path / "accel*")])
+        check = doctor.check_holders(holders)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert holder.pid in holders
+    assert check.status == "error" and f"kill {holder.pid}" in check.fix
+
+
+def test_no_device_files_means_no_holders(tmp_path: Path) -> None:
+    """It reports no holders when there are no device files."""
+    assert doctor.device_holders([str(tmp_path / "accel*")]) == {}
+    assert doctor.check_holders({}).status == "ok"
+
+
+def test_full_capabilities_mean_privileged() -> None:
+    """It calls a container privileged only when CapEff holds every capability."""
+    assert doctor.capabilities_full("CapEff:\t000001ffffffffff\n", 40)
+    assert not doctor.capabilities_full("CapEff:\t000001fffeffffff\n", 40)
+    assert not doctor.capabilities_full("CapEff:\t00000000a80425fb\n", 40)
+
+
+def test_small_shm_is_a_warning(tmp_path: Path) -> None:
+    """It warns with the --shm-size fix when /dev/shm is below 1 GiB."""
+    check = doctor.check_shm(str(tmp_path / "missing"))
+    assert check.status == "warn" and "--shm-size" in check.fix
+    stats = os.statvfs(tmp_path)
+    big_enough = stats.f_frsize * stats.f_blocks >= doctor.MIN_SHM_BYTES
+    assert doctor.check_shm(str(tmp_path)).status == ("ok" if big_enough else "warn")
+
+
+def test_compile_cache_location_comes_from_env_or_config() -> None:
+    """It reports the persistent cache from XLA_PERSISTENT_CACHE_PATH, else the config."""
+    from_env = doctor.check_compile_cache({"XLA_PERSISTENT_CACHE_PATH": "/c"}, "/cfg")
+    assert "/c (XLA_PERSISTENT_CACHE_PATH)" in from_env.detail
+    assert "/cfg (config)" in doctor.check_compile_cache({}, "/cfg").detail
+    assert "no persistent compile cache" in doctor.check_compile_cache({}, "").detail
+
+
+def test_this_torch_xla_has_no_xla_dist() -> None:
+    """It knows torch_xla 2.9 no longer ships the xla_dist pod launcher."""
+    assert doctor.xla_version() is not None
+    assert doctor.xla_dist_available() is (doctor.major_minor(doctor.xla_version() or "") <= (2, 0))

