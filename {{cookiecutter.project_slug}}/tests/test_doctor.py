@@ -36,7 +36,7 @@ def test_doctor_on_xla_cpu_reports_versions_and_one_device() -> None:
     accelerator = next(line for line in result.stdout.splitlines() if " accelerator " in line)
     assert accelerator.startswith("ok") and "XLA:CPU" in accelerator
     assert accelerator.endswith(", 1 device")
-    assert result.stdout.strip().splitlines()[-1].startswith("doctor: 0 errors")
+    assert result.stdout.strip().splitlines()[-1].startswith("doctor: 0 error(s)")
 
 
 def test_doctor_fails_on_a_legacy_xrt_setting(restore_environ: None) -> None:

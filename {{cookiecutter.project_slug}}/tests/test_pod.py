@@ -242,7 +242,7 @@ def test_pod_status_reports_ready_workers(tmp_path: Path) -> None:
 @pytest.mark.skipif(xla_dist_available(), reason="this torch_xla still ships xla_dist")
 def test_xla_dist_launcher_says_it_is_missing(tmp_path: Path) -> None:
     """It fails with one line naming xla_dist and the gcloud alternative."""
-    result = run_pod(tmp_path, "train", "--tpu", "t", POD_LAUNCHER="xla_dist")
+    result = run_pod(tmp_path, "train", "--tpu", "t", POD_LAUNCHER="xla_dist", GCLOUD="false")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr

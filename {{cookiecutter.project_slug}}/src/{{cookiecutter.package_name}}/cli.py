@@ -139,7 +139,7 @@ def doctor(
             typer.echo(f"{check.status:<6} {check.name:<18} {check.detail}")
             if check.fix:
                 typer.echo(f"{'':<6} {'':<18} fix: {check.fix}")
-        typer.echo(f"doctor: {result['errors']} errors, {result['warnings']} warnings")
+        typer.echo(f"doctor: {result['errors']} error(s), {result['warnings']} warning(s)")
     raise typer.Exit(1 if result["errors"] else 0)
 
 

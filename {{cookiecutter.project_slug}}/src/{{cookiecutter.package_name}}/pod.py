@@ -248,7 +248,8 @@ def worker_count(
             return topology(accelerator_type).hosts
         except RuntimeConfigError as error:
             raise PodError(str(error)) from None
-    reason = (result.stderr.strip().splitlines() or ["no networkEndpoints"])[-1]
+    lines = result.stderr.strip().splitlines()
+    reason = next((line for line in lines if line.startswith("ERROR")), "no networkEndpoints")
     raise PodError(
         f"unknown worker count for TPU {target.name!r} ({reason}): "
         "pass --workers N or --accelerator-type TYPE"

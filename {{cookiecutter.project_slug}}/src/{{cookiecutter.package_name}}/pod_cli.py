@@ -113,13 +113,13 @@ def _env(envs: list[str] | None, accelerator: str = "tpu") -> dict[str, str]:
         fail(str(error))
 
 
-def _legacy_launcher(launch: Launch, command: list[str], env: dict[str, str], image: str) -> None:
-    """Hand the launch to xla_dist when POD_LAUNCHER=xla_dist (torch_xla <= 2.0 images)."""
+def _launcher() -> str:
+    """POD_LAUNCHER: `gcloud` (default), or `xla_dist` when this torch_xla still has it."""
     choice = os.environ.get("POD_LAUNCHER", "gcloud")
-    if choice == "gcloud":
-        return
-    if choice != "xla_dist":
+    if choice not in ("gcloud", "xla_dist"):
         fail(f"unknown POD_LAUNCHER {choice!r}: use gcloud (default) or xla_dist")
+    if choice == "gcloud":
+        return choice
     from .core.doctor import xla_dist_available, xla_version
 
     if not xla_dist_available():
@@ -128,6 +128,13 @@ def _legacy_launcher(launch: Launch, command: list[str], env: dict[str, str], im
             f"{xla_version() or '(not installed)'} does not have (it left with XRT after 2.0): "
             "unset POD_LAUNCHER to launch through gcloud ssh"
         )
+    return choice
+
+
+def _legacy_launcher(launch: Launch, command: list[str], env: dict[str, str], image: str) -> None:
+    """Hand the launch to xla_dist when POD_LAUNCHER=xla_dist (torch_xla <= 2.0 images)."""
+    if _launcher() == "gcloud":
+        return
     argv = pod.xla_dist_command(launch.target, command, env, image)
     if launch.dry_run:
         typer.echo(shlex.join(argv))
@@ -151,6 +158,7 @@ def run(
     """Run a shell command on every worker; stop them all when one fails."""
     if not command:
         fail("no command: pod run [OPTIONS] -- COMMAND")
+    _launcher()
     launch = Launch(tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run)
     environment = _env(env)
     _legacy_launcher(launch, ["bash", "-c", " ".join(command)], environment, "")
@@ -222,6 +230,7 @@ def train(
     """Train on every worker at once (run `pod sync` first, or use --docker)."""
     if accelerator not in ("tpu", "cpu"):
         fail(f"unknown accelerator {accelerator!r}: choose tpu or cpu")
+    _launcher()
     launch = Launch(tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run)
     environment = _env(env, accelerator)
     cli_args = ["train", "--accelerator", accelerator, "--devices", devices, *(args or [])]
