@@ -1,22 +1,34 @@
 """Everything torch_xla-specific lives in this package, and only here.
 
-Importing it does not import torch_xla nor start the XLA runtime; each function
-imports what it needs when called.
+Importing it imports neither torch nor torch_xla and never starts the XLA runtime:
+names are loaded from their submodule on first use, so `--help` stays fast.
 """
 
-from .data import (
-    DeviceFeeder,
-    check_batch,
-    eval_dataloader,
-    prepare_dataloader,
-    replica_layout,
-    set_epoch,
-)
-from .health import XlaGuard, XlaHealthError, snapshot
-from .launch import Plan, launch, make_plan
-from .precision import Precision
-from .runtime import RuntimeConfigError, configure, detect_accelerator
-from .tying import find_shared_parameters, move_to_device
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "DeviceFeeder": "data",
+    "check_batch": "data",
+    "eval_dataloader": "data",
+    "prepare_dataloader": "data",
+    "replica_layout": "data",
+    "set_epoch": "data",
+    "XlaGuard": "health",
+    "XlaHealthError": "health",
+    "snapshot": "health",
+    "Plan": "launch",
+    "launch": "launch",
+    "make_plan": "launch",
+    "Precision": "precision",
+    "RuntimeConfigError": "runtime",
+    "configure": "runtime",
+    "detect_accelerator": "runtime",
+    "find_shared_parameters": "tying",
+    "move_to_device": "tying",
+}
 
 __all__ = [
     "DeviceFeeder",
@@ -38,3 +50,26 @@ __all__ = [
     "set_epoch",
     "snapshot",
 ]
+
+if TYPE_CHECKING:
+    from .data import (
+        DeviceFeeder,
+        check_batch,
+        eval_dataloader,
+        prepare_dataloader,
+        replica_layout,
+        set_epoch,
+    )
+    from .health import XlaGuard, XlaHealthError, snapshot
+    from .launch import Plan, launch, make_plan
+    from .precision import Precision
+    from .runtime import RuntimeConfigError, configure, detect_accelerator
+    from .tying import find_shared_parameters, move_to_device
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
