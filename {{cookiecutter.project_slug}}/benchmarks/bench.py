@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.core import health, make_plan
-from {{ cookiecutter.package_name }}.core.launch import launch
+from {{ cookiecutter.package_name }}.core.launcher import launch
 from {{ cookiecutter.package_name }}.training import TrainConfig, Trainer
 from {{ cookiecutter.package_name }}.training.tasks import load_task
 from {{ cookiecutter.package_name }}.training.trainer import lr_lambda

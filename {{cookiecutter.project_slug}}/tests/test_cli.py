@@ -16,7 +16,10 @@ from training_helpers import cli, write_config
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["config", "show"]])
+@pytest.mark.parametrize(
+    "command",
+    [[], ["train"], ["eval"], ["profile"], ["debug"], ["doctor"], ["pod"], ["config", "show"]],
+)
 def test_every_command_has_help(command: list[str]) -> None:
     """It prints usage for every command."""
     result = runner.invoke(app, [*command, "--help"])

@@ -263,6 +263,7 @@ def test_xla_dist_command_passes_env_and_docker_flags() -> None:
         "--docker-run-flag=--privileged",
         "--docker-run-flag=--net=host",
         "--docker-run-flag=--shm-size=16G",
+        "--docker-run-flag=--user=root",
         "--",
         "python",
         "train.py",
@@ -343,8 +344,8 @@ def test_docker_train_pod_runs_the_image_privileged_on_the_host_network() -> Non
     commands = dry_run("docker-train-pod", "IMAGE=reg/img:1")
     assert len(commands) == 4
     assert commands[3][-1] == (
-        "sudo docker run --rm --privileged --net=host --shm-size=16G -e PJRT_DEVICE=TPU "
-        "reg/img:1 train --accelerator tpu --devices all"
+        "sudo docker run --rm --privileged --net=host --shm-size=16G --user=root "
+        "-e PJRT_DEVICE=TPU reg/img:1 train --accelerator tpu --devices all"
     )
 
 

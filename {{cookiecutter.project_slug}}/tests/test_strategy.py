@@ -18,7 +18,7 @@ from {{ cookiecutter.package_name }}.core import (
     make_plan,
     runtime,
 )
-from {{ cookiecutter.package_name }}.core.launch import parse_devices
+from {{ cookiecutter.package_name }}.core.launcher import parse_devices
 
 SPMD_DEVICES = 8
 GLOBAL_BATCH = 64

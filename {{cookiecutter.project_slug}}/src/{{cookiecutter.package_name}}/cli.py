@@ -1,4 +1,7 @@
-"""Command line: `{{ cookiecutter.project_slug }} train|eval|doctor|pod|config show` (also `python -m {{ cookiecutter.package_name }}`)."""
+"""Command line: train, eval, profile, debug, doctor, pod, config show.
+
+Installed as `{{ cookiecutter.project_slug }}`; also `python -m {{ cookiecutter.package_name }}`.
+"""
 
 from __future__ import annotations
 
@@ -72,17 +75,64 @@ def train(
     """Train the task's model and print where the summary is."""
     flags = {k: v for k, v in locals().items() if k not in ("config", "sets")}
     flags["resume"] = resume or None
-    cfg = _resolve(config, sets, flags)
+    summary = _run(_resolve(config, sets, flags))
+    if summary["status"] == "preempted":
+        typer.echo(f"stopped by SIGTERM at step {summary['steps']}; continue with --resume")
+    typer.echo(json.dumps(summary["eval"]))
+
+
+def _run(cfg: Any) -> dict[str, Any]:
+    """Launch a run; expected failures become one line and exit code 2."""
     from .training import train as run_training
     from .training.checkpoint import CheckpointError
 
     try:
-        summary = run_training(cfg)
+        summary: dict[str, Any] = run_training(cfg)
     except (RuntimeConfigError, CheckpointError, ValueError) as error:
         fail(str(error))
-    if summary["status"] == "preempted":
-        typer.echo(f"stopped by SIGTERM at step {summary['steps']}; continue with --resume")
-    typer.echo(json.dumps(summary["eval"]))
+    return summary
+
+
+@app.command()
+def profile(
+    config: ConfigFile = None,
+    steps: Annotated[int, typer.Option(help="Training steps to capture.")] = 20,
+    max_steps: Annotated[int, typer.Option(help="Length of the run (warm-up included).")] = 60,
+    port: Annotated[int, typer.Option(help="Profiler server port.")] = 9012,
+    run_dir: Annotated[str, typer.Option(help="Where the trace goes.")] = "runs/profile",
+    sets: Sets = None,
+) -> None:
+    """Train briefly and capture a profiler trace into RUN_DIR/profile for TensorBoard."""
+    flags = {
+        "profile_steps": steps,
+        "profile_port": port,
+        "max_steps": max_steps,
+        "run_dir": run_dir,
+        "metrics_report": True,
+    }
+    summary = _run(_resolve(config, sets, flags))
+    captured = summary.get("profile") or {}
+    if not captured.get("traces"):
+        fail(f"no trace captured in {run_dir}: raise --max-steps so the run outlasts warm-up")
+    typer.echo(f"trace: {captured['traces'][0]}")
+    typer.echo(f"view it with: tensorboard --logdir {run_dir}/profile")
+    if captured["device"] != "TPU":
+        typer.echo("note: off-TPU the trace holds host and XLA:CPU activity only;")
+        typer.echo("      TPU timelines need a TPU")
+
+
+@app.command()
+def debug(
+    config: ConfigFile = None,
+    max_steps: Annotated[int, typer.Option(help="Length of the run.")] = 30,
+    run_dir: Annotated[str, typer.Option(help="Where the report goes.")] = "runs/debug",
+    sets: Sets = None,
+) -> None:
+    """Train briefly, then print and save torch_xla's metrics report with a diagnosis."""
+    flags = {"max_steps": max_steps, "run_dir": run_dir, "metrics_report": True}
+    summary = _run(_resolve(config, sets, flags))
+    typer.echo(Path(summary["metrics_report"]).read_text())
+    typer.echo(f"saved: {summary['metrics_report']}")
 
 
 @app.command("eval")

@@ -38,7 +38,8 @@ NOT_FORWARDED = frozenset(
     }
 )
 # What xla_dist's docker options used to add: the TPU devices, the pod's network, big shm.
-DOCKER_RUN_FLAGS = ("--rm", "--privileged", "--net=host", "--shm-size=16G")
+# root inside the container: the TPU device files on the VM are root-only.
+DOCKER_RUN_FLAGS = ("--rm", "--privileged", "--net=host", "--shm-size=16G", "--user=root")
 DEVICE_PATTERNS = ("/dev/accel*", "/dev/vfio/*")
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
 STOP_GRACE_SECONDS = 10.0

@@ -19,9 +19,9 @@ _EXPORTS = {
     "XlaGuard": "health",
     "XlaHealthError": "health",
     "snapshot": "health",
-    "Plan": "launch",
-    "launch": "launch",
-    "make_plan": "launch",
+    "Plan": "launcher",
+    "launch": "launcher",
+    "make_plan": "launcher",
     "Precision": "precision",
     "RuntimeConfigError": "runtime",
     "configure": "runtime",
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
         set_epoch,
     )
     from .health import XlaGuard, XlaHealthError, snapshot
-    from .launch import Plan, launch, make_plan
+    from .launcher import Plan, launch, make_plan
     from .precision import Precision
     from .runtime import RuntimeConfigError, configure, detect_accelerator
     from .tying import find_shared_parameters, move_to_device

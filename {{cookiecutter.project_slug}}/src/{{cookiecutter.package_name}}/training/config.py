@@ -48,6 +48,9 @@ class TrainConfig:
     num_workers: int = 0
     compile_cache: str = ""
     resume: bool = False
+    profile_steps: int = 0
+    profile_port: int = 9012
+    metrics_report: bool = False
     task_options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> TrainConfig:
@@ -58,7 +61,14 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}")
-        non_negative = ("max_epochs", "warmup_steps", "eval_every", "log_every", "checkpoint_every")
+        non_negative = (
+            "max_epochs",
+            "warmup_steps",
+            "eval_every",
+            "log_every",
+            "checkpoint_every",
+            "profile_steps",
+        )
         for key in non_negative:
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must not be negative, got {getattr(self, key)}")

@@ -31,6 +31,7 @@ from ..core import (
 )
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import ConfigError, TrainConfig
+from .diagnostics import Diagnostics
 from .reporting import Reporter
 from .tasks import Task, load_task
 
@@ -147,6 +148,13 @@ class Trainer:
             self._restore(resume_state)
         self._prime_optimizer_state()
         self.reporter = Reporter(Path(cfg.run_dir), self.total_steps, self.is_master and report)
+        self.diagnostics = Diagnostics(
+            Path(cfg.run_dir),
+            cfg.profile_steps,
+            cfg.profile_port,
+            cfg.metrics_report,
+            self.is_master and report,
+        )
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -294,6 +302,7 @@ class Trainer:
         cfg, p = self.config, self.progress
         ops.sync()
         self.health_start = health.snapshot()
+        self.start_step = p.step
         self.timer: tuple[int, float] | None = None
         if p.step:
             self.reporter.line(f"resuming at step {p.step} (epoch {p.epoch})")
@@ -316,6 +325,7 @@ class Trainer:
                     ops.sync()
                     ops.wait()
                     self.timer = (p.step, time.perf_counter())
+                self.diagnostics.after_step(p.step, self.timer)
                 if cfg.eval_every and p.step % cfg.eval_every == 0:
                     self._evaluate_and_decide()
                 if cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0:
@@ -412,7 +422,7 @@ class Trainer:
             self.reporter.scalars(p.step, self.eval_metrics, "eval")
             self.save()
         delta = health.snapshot().since(self.health_start)
-        summary = {
+        summary: dict[str, Any] = {
             "status": status,
             "steps": p.step,
             "epochs": p.epoch,
@@ -431,6 +441,13 @@ class Trainer:
             "precision": self.precision.name,
             "run_dir": str(self.config.run_dir),
         }
+        graphs = 1 + (1 if self.config.eval_every else 0)
+        summary.update(self.diagnostics.finish(self.loop_health, p.step - self.start_step, graphs))
+        for finding in summary["diagnosis"]:
+            self.reporter.line(f"diagnosis: {finding}")
+        for key in ("metrics_report", "profile"):
+            if key in summary:
+                self.reporter.line(f"{key.replace('_', ' ')}: {summary[key]}")
         path = self.reporter.summary(summary)
         if path is not None:
             self.reporter.line(f"{status}: {p.step} steps; summary written to {path}")

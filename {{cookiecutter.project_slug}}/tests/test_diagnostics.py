@@ -1,0 +1,49 @@
+"""Profiler capture and the metrics report with its diagnosis, on XLA:CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from {{ cookiecutter.package_name }}.core.health import HealthSnapshot, diagnose
+
+from training_helpers import cli, write_config
+
+
+def test_profile_writes_a_trace_in_tensorboard_layout(tmp_path: Path) -> None:
+    """It captures a trace of N steps under RUN_DIR/profile/plugins/profile."""
+    config = write_config(tmp_path, log_every=0)
+    run_dir = tmp_path / "run"
+    result = cli(
+        "profile", "--config", str(config), "--steps", "5", "--max-steps", "30",
+        "--run-dir", str(run_dir),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    traces = list((run_dir / "profile" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert traces and traces[0].stat().st_size > 0
+    assert "TPU timelines need a TPU" in result.stdout
+
+
+def test_debug_prints_and_saves_the_metrics_report(tmp_path: Path) -> None:
+    """It prints torch_xla's metrics report with a diagnosis and saves it in the run."""
+    config = write_config(tmp_path, log_every=5)
+    run_dir = tmp_path / "run"
+    result = cli("debug", "--config", str(config), "--max-steps", "10", "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stderr
+    saved = (run_dir / "metrics_report.txt").read_text()
+    assert "Metric: CompileTime" in saved and "# Diagnosis" in saved
+    assert "no recompilation, fallback op or host sync found" in saved
+    assert "# Diagnosis" in result.stdout
+
+
+def test_diagnosis_names_each_cause() -> None:
+    """It explains recompilation, fallback ops and host syncs in plain words."""
+    findings = diagnose(
+        HealthSnapshot(compilations=5, transfers=40, fallback_ops={"aten::nonzero": 3}),
+        steps=10,
+        expected_graphs=2,
+    )
+    assert len(findings) == 3
+    assert "5 graphs compiled for 2 expected" in findings[0]
+    assert "aten::nonzero x3" in findings[1]
+    assert "40 device-to-host transfers over 10 steps" in findings[2]
+    assert diagnose(HealthSnapshot(compilations=2, transfers=1), steps=10) == []
