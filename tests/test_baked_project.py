@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -35,8 +36,9 @@ def test_baked_project_test_suite_passes(combo: str, bake_combo: Callable[[str],
     """It passes the baked project's own test suite on XLA:CPU."""
     baked = bake_combo(combo)
     assert baked.exit_code == 0, baked.exception
+    # The project's own `make test`, pointed at this interpreter's environment.
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
+        ["make", "test", f"VENV={sys.prefix}", "PYTEST_ARGS=-q -x -p no:cacheprovider"],
         cwd=baked.path,
         env=project_env(baked),
         capture_output=True,
@@ -50,6 +52,23 @@ def test_baked_project_test_suite_passes(combo: str, bake_combo: Callable[[str],
     assert summary.get("passed", 0) > 0, output[-3000:]
     problems = {word: n for word, n in summary.items() if word.startswith(("failed", "error"))}
     assert not problems, output[-5000:]
+
+
+@pytest.mark.parametrize("combo", SUITE_COMBOS)
+def test_baked_project_make_lint_passes(combo: str, bake_combo: Callable[[str], Baked]) -> None:
+    """It passes the baked project's own `make lint` (ruff, ruff format, mypy) on first bake."""
+    baked = bake_combo(combo)
+    result = subprocess.run(
+        ["make", "lint", f"VENV={sys.prefix}"],
+        cwd=baked.path,
+        env=project_env(baked),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "Success: no issues found" in result.stdout
 
 
 @pytest.mark.parametrize("combo", CLI_COMBOS)
@@ -112,3 +131,61 @@ def test_python_m_package_shows_help(combo: str, bake_combo: Callable[[str], Bak
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "train" in result.stdout
+
+
+def test_make_install_installs_the_project(
+    bake_combo: Callable[[str], Baked], tmp_path: Path
+) -> None:
+    """It installs the baked project, editable and with its console script, via `make install`."""
+    project = tmp_path / "project"
+    shutil.copytree(bake_combo("default-lm").path, project)
+    try:
+        installed = subprocess.run(
+            ["make", "install", f"VENV={sys.prefix}"],
+            cwd=project,
+            env=tool_env(),
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        assert installed.returncode == 0, (installed.stdout + installed.stderr)[-3000:]
+        where = subprocess.run(
+            [sys.executable, "-c", "import tpu_project; print(tpu_project.__file__)"],
+            cwd=tmp_path,
+            env=tool_env(),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert Path(where.stdout.strip()).is_relative_to(project / "src")
+        helped = subprocess.run(
+            [str(Path(sys.prefix) / "bin" / "tpu-project"), "--help"],
+            env=tool_env(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert helped.returncode == 0 and "train" in helped.stdout, helped.stderr
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "uninstall", "--quiet", "--yes", "tpu-project"],
+            check=False,
+            capture_output=True,
+        )
+
+
+def test_readme_inventory_names_template_tests_that_exist(
+    bake_combo: Callable[[str], Baked],
+) -> None:
+    """It names only template tests that exist, in the baked README's command inventory."""
+    readme = (bake_combo("default-lm").path / "README.md").read_text()
+    named = re.findall(r"template: (tests/[\w/]+\.py)::(\w+)", readme)
+    assert named, "the inventory names no template test"
+    template = Path(__file__).resolve().parents[1]
+    missing = [
+        f"{path}::{name}"
+        for path, name in named
+        if f"def {name}(" not in (template / path).read_text()
+    ]
+    assert not missing, missing

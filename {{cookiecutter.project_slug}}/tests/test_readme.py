@@ -1,0 +1,63 @@
+"""The README tells the truth: every command it shows is checked, and its commands run."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from readme_inventory import README, covering_row, inventory, readme_commands, references
+from training_helpers import TINY, cli, write_config
+
+TEXT = README.read_text()
+PROJECT = README.parent
+
+
+@pytest.mark.parametrize("command", readme_commands(TEXT))
+def test_every_readme_command_is_in_the_inventory(command: str) -> None:
+    """It lists every README command in the inventory with at least one named check."""
+    rows = inventory(TEXT)
+    prefix = covering_row(command, rows)
+    assert prefix is not None, f"README command not in the inventory: {command}"
+    assert references(rows[prefix]), f"no check named for {prefix!r}"
+
+
+def test_inventory_names_tests_that_exist() -> None:
+    """It names only tests that exist in this project (template ones are checked there)."""
+    missing = []
+    for how in inventory(TEXT).values():
+        for kind, path, name in references(how):
+            if kind == "template":
+                continue
+            source = PROJECT / path
+            if not source.is_file() or f"def {name}(" not in source.read_text():
+                missing.append(f"{path}::{name}")
+    assert not missing, missing
+
+
+def test_readme_training_commands_run(tmp_path: Path) -> None:
+    """It runs the README's train, config show and eval commands (shortened) on XLA:CPU."""
+    slug = "{{ cookiecutter.project_slug }} "
+    commands = {c.split()[1]: c for c in readme_commands(TEXT) if c.startswith(slug)}
+    config = write_config(tmp_path, max_steps=2, log_every=1)
+    run_dir = tmp_path / "run"
+
+    def args_of(name: str, tiny: bool = True) -> list[str]:
+        words = shlex.split(commands[name])[1:]
+        if tiny and "--config" in words:  # the shipped config, shortened to two steps
+            words[words.index("--config") + 1] = str(config)
+        return words
+
+    shown = cli(*args_of("config", tiny=False), cwd=PROJECT)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["task"] == TINY["task"]
+    trained = cli(*args_of("train"), "--run-dir", str(run_dir), "--set", "log_every=1")
+    assert trained.returncode == 0, trained.stderr
+    eval_words = args_of("eval")
+    checkpoint = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+    eval_words[eval_words.index("--checkpoint") + 1] = str(checkpoint)
+    evaluated = cli(*eval_words)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "loss" in json.loads(evaluated.stdout)
