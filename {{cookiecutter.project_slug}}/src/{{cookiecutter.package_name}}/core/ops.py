@@ -110,3 +110,23 @@ def wait() -> None:
     import torch_xla.core.xla_model as xm
 
     xm.wait_device_ops()
+
+
+def prime_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create Adam/AdamW moments now, as device data, exactly as the first step would.
+
+    Created lazily, they are constants in the first step's graph and inputs of every
+    later one: two graphs to compile. Made here, step 1 already runs the steady graph.
+    """
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state[param]
+            if state or not param.requires_grad:
+                continue
+            # Host zeros moved to the device are device data; zeros made on it would be IR.
+            zeros = torch.zeros(param.shape, dtype=param.dtype)
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)  # on the host, as torch
+            state["exp_avg"] = zeros.to(param.device)
+            state["exp_avg_sq"] = zeros.to(param.device)
+            if group.get("amsgrad"):
+                state["max_exp_avg_sq"] = zeros.to(param.device)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+
+from ..core import ops
 
 FORMAT = "{{ cookiecutter.package_name }}-checkpoint"
 VERSION = 1
@@ -78,3 +82,28 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{str(source)!r} has checkpoint version {state.get('version')}, expected {VERSION}"
         )
     return state
+
+
+def rng_states() -> dict[str, Any]:
+    """Every random generator a run draws from, in a form `weights_only` loading accepts."""
+    py_version, py_state, _ = random.getstate()
+    _, np_keys, np_pos, _, _ = np.random.get_state(legacy=True)  # type: ignore[misc]
+    assert isinstance(np_keys, np.ndarray)
+    return {
+        "python_version": py_version,
+        "python": list(py_state),
+        "numpy": torch.from_numpy(np_keys.astype(np.int64)),
+        "numpy_pos": int(np_pos),
+        "torch": torch.get_rng_state(),
+        "xla": ops.rng_state(),
+    }
+
+
+def restore_rng_states(rng: dict[str, Any]) -> None:
+    """Put every generator back where `rng_states()` found it."""
+    random.setstate((rng["python_version"], tuple(rng["python"]), None))
+    np.random.set_state(
+        ("MT19937", rng["numpy"].numpy().astype(np.uint32), rng["numpy_pos"], 0, 0.0)
+    )
+    torch.set_rng_state(rng["torch"])
+    ops.set_rng_state(rng["xla"])

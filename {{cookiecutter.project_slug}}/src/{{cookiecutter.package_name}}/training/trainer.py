@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import signal
 import time
 from collections.abc import Iterator
@@ -12,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -29,7 +27,13 @@ from ..core import (
     replica_layout,
     runtime,
 )
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng_states,
+    rng_states,
+    save_checkpoint,
+)
 from .config import ConfigError, TrainConfig
 from .diagnostics import Diagnostics
 from .reporting import Reporter
@@ -146,7 +150,7 @@ class Trainer:
         self.eval_feeder = DeviceFeeder(eval_loader, self.strategy)
         if resume_state is not None:
             self._restore(resume_state)
-        self._prime_optimizer_state()
+        ops.prime_adam_state(self.optimizer)
         self.reporter = Reporter(Path(cfg.run_dir), self.total_steps, self.is_master and report)
         self.diagnostics = Diagnostics(
             Path(cfg.run_dir),
@@ -166,32 +170,7 @@ class Trainer:
             losses=[(int(s), float(v)) for s, v in state["losses"]],
             best=float(state["best"]),
         )
-        rng = state["rng"]
-        random.setstate((rng["python_version"], tuple(rng["python"]), None))
-        np.random.set_state(
-            ("MT19937", rng["numpy"].numpy().astype(np.uint32), rng["numpy_pos"], 0, 0.0)
-        )
-        torch.set_rng_state(rng["torch"])
-        ops.set_rng_state(rng["xla"])
-
-    def _prime_optimizer_state(self) -> None:
-        """Create AdamW's moments now, as device data, exactly as its first step would.
-
-        Created lazily, they are constants in the first step's graph and inputs of every
-        later one: two graphs to compile. Made here, step 1 already runs the steady graph.
-        """
-        for group in self.optimizer.param_groups:
-            for param in group["params"]:
-                state = self.optimizer.state[param]
-                if state or not param.requires_grad:
-                    continue
-                # Host zeros moved to the device are device data; zeros made on it would be IR.
-                zeros = torch.zeros(param.shape, dtype=param.dtype)
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)  # on the host, as torch
-                state["exp_avg"] = zeros.to(param.device)
-                state["exp_avg_sq"] = zeros.to(param.device)
-                if group["amsgrad"]:
-                    state["max_exp_avg_sq"] = zeros.to(param.device)
+        restore_rng_states(state["rng"])
 
     @contextlib.contextmanager
     def _host_read(self) -> Iterator[None]:
@@ -204,9 +183,6 @@ class Trainer:
 
     # ---- checkpoints --------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
-        py_version, py_state, _ = random.getstate()
-        _, np_keys, np_pos, _, _ = np.random.get_state(legacy=True)  # type: ignore[misc]
-        assert isinstance(np_keys, np.ndarray)
         p = self.progress
         return {
             "model": ops.to_cpu(self.model.state_dict()),
@@ -218,14 +194,7 @@ class Trainer:
             "losses": [list(item) for item in p.losses],
             "best": p.best,
             "config": self.config.to_dict(),
-            "rng": {
-                "python_version": py_version,
-                "python": list(py_state),
-                "numpy": torch.from_numpy(np_keys.astype(np.int64)),
-                "numpy_pos": int(np_pos),
-                "torch": torch.get_rng_state(),
-                "xla": ops.rng_state(),
-            },
+            "rng": rng_states(),
         }
 
     def save(self, name: str | None = None) -> Path | None:
