@@ -31,6 +31,7 @@ def test_make_train_single_trains_on_xla_cpu(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["strategy"], summary["devices"], summary["steps"]) == ("single", 1, 2)
+    assert summary["loop_compilations"] == 1
 
 
 def test_make_train_8_runs_spmd_on_8_cpu_devices(tmp_path: Path) -> None:
@@ -41,3 +42,4 @@ def test_make_train_8_runs_spmd_on_8_cpu_devices(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["strategy"], summary["devices"], summary["steps"]) == ("spmd", 8, 2)
+    assert summary["loop_compilations"] == 1, "the second SPMD step compiled a graph of its own"

@@ -130,3 +130,21 @@ def prime_adam_state(optimizer: torch.optim.Optimizer) -> None:
             state["exp_avg_sq"] = zeros.to(param.device)
             if group.get("amsgrad"):
                 state["max_exp_avg_sq"] = zeros.to(param.device)
+
+
+def replicate_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Pin parameters and optimizer state as replicated over the SPMD mesh.
+
+    Left unannotated, the partitioner picks the outputs' sharding on the first step,
+    the second step sees inputs sharded differently and compiles a second graph.
+    """
+    import torch_xla.distributed.spmd as xs
+
+    from .data import data_mesh
+
+    mesh = data_mesh()
+    tensors: list[torch.Tensor] = list(module.parameters())
+    for state in optimizer.state.values():
+        tensors += [v for v in state.values() if torch.is_tensor(v) and v.device.type == "xla"]
+    for tensor in tensors:
+        xs.mark_sharding(tensor, mesh, (None,) * tensor.dim())

@@ -151,6 +151,8 @@ class Trainer:
         if resume_state is not None:
             self._restore(resume_state)
         ops.prime_adam_state(self.optimizer)
+        if self.strategy == "spmd":
+            ops.replicate_state(self.model, self.optimizer)
         self.reporter = Reporter(Path(cfg.run_dir), self.total_steps, self.is_master and report)
         self.diagnostics = Diagnostics(
             Path(cfg.run_dir),
