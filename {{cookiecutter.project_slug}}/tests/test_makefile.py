@@ -43,3 +43,4 @@ def test_make_train_8_runs_spmd_on_8_cpu_devices(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["strategy"], summary["devices"], summary["steps"]) == ("spmd", 8, 2)
     assert summary["loop_compilations"] == 1, "the second SPMD step compiled a graph of its own"
+    assert "spmd on 8 XLA:CPU device(s), 1 process(es)" in result.stdout

@@ -161,6 +161,12 @@ class Trainer:
             cfg.metrics_report,
             self.is_master and report,
         )
+        kind = "TPU" if self.plan.accelerator == "tpu" else "XLA:CPU"
+        self.reporter.line(
+            f"{self.strategy} on {runtime.global_device_count()} {kind} device(s), "
+            f"{runtime.process_count()} process(es); global batch "
+            f"{per_process * self.replicas}, {self.precision.name}"
+        )
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
