@@ -38,9 +38,9 @@ demo: $(STAMP) ## Bake the default project into build/demo and train it on XLA:C
 bench: $(STAMP) ## Bake the default project into build/bench and run its benchmark (+ Accelerate)
 	rm -rf $(BENCH_DIR)
 	mkdir -p $(BENCH_DIR)
-	$(BIN)/cookiecutter . --no-input --output-dir $(BENCH_DIR) project_name=bench
+	$(BIN)/cookiecutter . --no-input --output-dir $(BENCH_DIR) project_name=bench-project
 	$(BIN)/pip install --quiet accelerate==1.15.0
-	cd $(BENCH_DIR)/bench && PJRT_DEVICE=CPU PYTHONPATH=src $(abspath $(BIN))/python \
+	cd $(BENCH_DIR)/bench-project && PJRT_DEVICE=CPU PYTHONPATH=src $(abspath $(BIN))/python \
 		benchmarks/bench.py --out $(abspath $(BENCH_DIR)) $(BENCH_ARGS)
 
 lint: $(STAMP) ## Lint the template's own Python (hooks and tests)
