@@ -99,6 +99,7 @@ class Trainer:
         self.guard_armed_at: int | None = None
         self.guard_result: dict[str, int] | None = None
         self.evaluations = 0
+        self.evaluated_at: int | None = None  # step of the latest in-loop eval
 
     # ---- set-up -------------------------------------------------------------------------
     def _setup(self, resume_state: dict[str, Any] | None, report: bool = True) -> None:
@@ -370,6 +371,7 @@ class Trainer:
 
     def _evaluate_and_decide(self) -> None:
         self.eval_metrics = self.evaluate()
+        self.evaluated_at = self.progress.step
         self.reporter.scalars(self.progress.step, self.eval_metrics, "eval")
         # Every replica holds the same reduced value, so they all take the same branch.
         if self.eval_metrics["loss"] < self.progress.best:
@@ -395,8 +397,9 @@ class Trainer:
         if self.timer is not None and p.step > self.timer[0]:
             steps_per_second = (p.step - self.timer[0]) / (time.perf_counter() - self.timer[1])
         if status == "completed":
-            self.eval_metrics = self.evaluate()
-            self.reporter.scalars(p.step, self.eval_metrics, "eval")
+            if self.evaluated_at != p.step:  # the loop may have just evaluated this step
+                self.eval_metrics = self.evaluate()
+                self.reporter.scalars(p.step, self.eval_metrics, "eval")
             self.save()
         delta = health.snapshot().since(self.health_start)
         summary: dict[str, Any] = {
