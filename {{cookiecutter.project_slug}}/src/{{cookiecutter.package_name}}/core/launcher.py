@@ -80,7 +80,8 @@ def launch(
     """Run `fn(*args)` as the plan says: in-process, one process per device, or SPMD."""
     cpu_devices = (plan.devices or 1) if plan.strategy == "spmd" else 1
     runtime.configure(plan.accelerator, cpu_devices=cpu_devices, tpu_core=plan.core)
-    if plan.strategy == "ddp":
+    # One ddp replica needs no spawn: run it here, where its result can be returned.
+    if plan.strategy == "ddp" and plan.devices != 1:
         if runtime.runtime_initialized():
             raise RuntimeConfigError(
                 "the XLA runtime is already initialized in this process, so it cannot "
@@ -89,13 +90,7 @@ def launch(
             )
         import torch_xla
 
-        nprocs_one = plan.devices == 1
-        return torch_xla.launch(
-            _replica_entry,
-            args=(fn, args),
-            start_method=start_method,
-            debug_single_process=nprocs_one,
-        )
+        return torch_xla.launch(_replica_entry, args=(fn, args), start_method=start_method)
     if plan.strategy == "spmd":
         import torch_xla.runtime as xr
 
