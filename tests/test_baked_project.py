@@ -14,7 +14,7 @@ import pytest
 from helpers import Baked, tool_env
 
 # The project's suite runs on XLA:CPU in this interpreter (torch is too big for
-# a venv per project); three combinations cover both tasks and every default strategy.
+# a venv per project); three combinations cover both tasks and the auto, spmd and ddp defaults.
 SUITE_COMBOS = ["default-lm", "vision-bf16-mixed-spmd", "v4-8-ddp-bf16-true"]
 CLI_COMBOS = ["default-lm", "v5litepod-32-own-names"]
 
