@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from training_helpers import cli_env, write_config
 
@@ -23,24 +24,25 @@ def _make(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_make_train_single_trains_on_xla_cpu(tmp_path: Path) -> None:
-    """It trains on one device through `make train-single`."""
+def _train(target: str, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    """Two steps of the tiny run through a make target; its output and summary."""
     config = write_config(tmp_path, max_steps=2, log_every=1)
     run_dir = tmp_path / "run"
-    result = _make("train-single", "ACCELERATOR=cpu", f"ARGS=--config {config} --run-dir {run_dir}")
+    result = _make(target, "ACCELERATOR=cpu", f"ARGS=--config {config} --run-dir {run_dir}")
     assert result.returncode == 0, result.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
+    return result.stdout, json.loads((run_dir / "summary.json").read_text())
+
+
+def test_make_train_single_trains_on_xla_cpu(tmp_path: Path) -> None:
+    """It trains on one device through `make train-single`."""
+    _, summary = _train("train-single", tmp_path)
     assert (summary["strategy"], summary["devices"], summary["steps"]) == ("single", 1, 2)
     assert summary["loop_compilations"] == 1
 
 
 def test_make_train_8_runs_spmd_on_8_cpu_devices(tmp_path: Path) -> None:
     """It emulates 8 devices through SPMD with `make train-8 ACCELERATOR=cpu`."""
-    config = write_config(tmp_path, max_steps=2, log_every=1)
-    run_dir = tmp_path / "run"
-    result = _make("train-8", "ACCELERATOR=cpu", f"ARGS=--config {config} --run-dir {run_dir}")
-    assert result.returncode == 0, result.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
+    output, summary = _train("train-8", tmp_path)
     assert (summary["strategy"], summary["devices"], summary["steps"]) == ("spmd", 8, 2)
     assert summary["loop_compilations"] == 1, "the second SPMD step compiled a graph of its own"
-    assert "spmd on 8 XLA:CPU device(s), 1 process(es)" in result.stdout
+    assert "spmd on 8 XLA:CPU device(s), 1 process(es)" in output
