@@ -24,6 +24,15 @@ def project_env(baked: Baked, **extra: str) -> dict[str, str]:
     return tool_env(PYTHONPATH=str(baked.path / "src"), PJRT_DEVICE="CPU", **extra)
 
 
+def run(
+    command: list[str], env: dict[str, str], cwd: Path | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run a command to completion, capturing its text output."""
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def pytest_summary(output: str) -> dict[str, int]:
     """Parse the counts from pytest's final summary line."""
     lines = [line for line in output.strip().splitlines() if re.search(r"\d+ \w+ in [\d.]+s", line)]
@@ -37,14 +46,11 @@ def test_baked_project_test_suite_passes(combo: str, bake_combo: Callable[[str],
     baked = bake_combo(combo)
     assert baked.exit_code == 0, baked.exception
     # The project's own `make test`, pointed at this interpreter's environment.
-    result = subprocess.run(
+    result = run(
         ["make", "test", f"VENV={sys.prefix}", "PYTEST_ARGS=-q -x -p no:cacheprovider"],
+        project_env(baked),
         cwd=baked.path,
-        env=project_env(baked),
-        capture_output=True,
-        text=True,
         timeout=1800,
-        check=False,
     )
     output = result.stdout + result.stderr
     summary = pytest_summary(result.stdout)
@@ -58,14 +64,8 @@ def test_baked_project_test_suite_passes(combo: str, bake_combo: Callable[[str],
 def test_baked_project_make_lint_passes(combo: str, bake_combo: Callable[[str], Baked]) -> None:
     """It passes the baked project's own `make lint` (ruff, ruff format, mypy) on first bake."""
     baked = bake_combo(combo)
-    result = subprocess.run(
-        ["make", "lint", f"VENV={sys.prefix}"],
-        cwd=baked.path,
-        env=project_env(baked),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    result = run(
+        ["make", "lint", f"VENV={sys.prefix}"], project_env(baked), cwd=baked.path, timeout=600
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "Success: no issues found" in result.stdout
@@ -79,7 +79,7 @@ def test_console_script_shows_help(
     baked = bake_combo(combo)
     assert baked.exit_code == 0, baked.exception
     target = tmp_path / "site"
-    install = subprocess.run(
+    install = run(
         [
             sys.executable,
             "-m",
@@ -93,24 +93,13 @@ def test_console_script_shows_help(
             str(target),
             str(baked.path),
         ],
-        env=tool_env(PIP_NO_INDEX="1"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        tool_env(PIP_NO_INDEX="1"),
     )
     assert install.returncode == 0, install.stdout + install.stderr
     script = target / "bin" / baked.context["project_slug"]
     assert script.is_file()
 
-    result = subprocess.run(
-        [str(script), "--help"],
-        env=tool_env(PYTHONPATH=str(target), PJRT_DEVICE="CPU"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = run([str(script), "--help"], tool_env(PYTHONPATH=str(target), PJRT_DEVICE="CPU"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "train" in result.stdout
 
@@ -120,14 +109,10 @@ def test_python_m_package_shows_help(combo: str, bake_combo: Callable[[str], Bak
     """It runs the CLI as `python -m <package> --help` without initialising XLA."""
     baked = bake_combo(combo)
     assert baked.exit_code == 0, baked.exception
-    result = subprocess.run(
+    result = run(
         [sys.executable, "-m", baked.context["package_name"], "--help"],
+        project_env(baked),
         cwd=baked.path,
-        env=project_env(baked),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "train" in result.stdout
@@ -140,38 +125,21 @@ def test_make_install_installs_the_project(
     project = tmp_path / "project"
     shutil.copytree(bake_combo("default-lm").path, project)
     try:
-        installed = subprocess.run(
-            ["make", "install", f"VENV={sys.prefix}"],
-            cwd=project,
-            env=tool_env(),
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
+        installed = run(["make", "install", f"VENV={sys.prefix}"], tool_env(), project, 900)
         assert installed.returncode == 0, (installed.stdout + installed.stderr)[-3000:]
-        where = subprocess.run(
+        where = run(
             [sys.executable, "-c", "import tpu_project; print(tpu_project.__file__)"],
+            tool_env(),
             cwd=tmp_path,
-            env=tool_env(),
-            capture_output=True,
-            text=True,
-            check=True,
         )
+        assert where.returncode == 0, where.stderr
         assert Path(where.stdout.strip()).is_relative_to(project / "src")
-        helped = subprocess.run(
-            [str(Path(sys.prefix) / "bin" / "tpu-project"), "--help"],
-            env=tool_env(),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        helped = run([str(Path(sys.prefix) / "bin" / "tpu-project"), "--help"], tool_env())
         assert helped.returncode == 0 and "train" in helped.stdout, helped.stderr
     finally:
-        subprocess.run(
+        run(
             [sys.executable, "-m", "pip", "uninstall", "--quiet", "--yes", "tpu-project"],
-            check=False,
-            capture_output=True,
+            tool_env(),
         )
 
 

@@ -81,6 +81,12 @@ class Precision:
             return tensor.to(torch.bfloat16)
         return tensor
 
+    def convert_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Cast a batch's floating inputs (bf16-true); other modes return it untouched."""
+        if self.name != "bf16-true":
+            return batch
+        return {key: self.convert_input(value) for key, value in batch.items()}
+
 
 def accumulator(device: torch.device | str | None = None) -> torch.Tensor:
     """A zero fp32 scalar for summing losses or metrics on device in any mode."""

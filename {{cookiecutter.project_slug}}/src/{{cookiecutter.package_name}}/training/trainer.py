@@ -231,7 +231,7 @@ class Trainer:
         self.reporter.scalars(step, {"loss": value, "lr": lr}, "train")
 
     def _train_step(self, batch: dict[str, torch.Tensor], micro: int) -> torch.Tensor:
-        batch = {k: self.precision.convert_input(v) for k, v in batch.items()}
+        batch = self.precision.convert_batch(batch)
         with self.precision.forward_context():
             loss = self.task.loss(self.model, batch)
         # Dividing by 1 would still add a node to every step's graph.
@@ -341,7 +341,7 @@ class Trainer:
         self.evaluations += 1
         with torch.no_grad():
             for batch in self.eval_feeder.epoch(0):
-                batch = {k: self.precision.convert_input(v) for k, v in batch.items()}
+                batch = self.precision.convert_batch(batch)
                 with self.precision.forward_context():
                     part = self.task.eval_sums(self.model, batch)
                 if self.precision.legacy_env:
