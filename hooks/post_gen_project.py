@@ -21,12 +21,12 @@ from typing import Any
 PRUNE: dict[str, dict[str, tuple[str, ...]]] = {
     "example_task": {
         "lm": (
-            "src/{package}/training/tasks/vision.py",
+            "src/{package}/tasks/vision.py",
             "tests/test_task_vision.py",
             "configs/vision.toml",
         ),
         "vision": (
-            "src/{package}/training/tasks/lm.py",
+            "src/{package}/tasks/lm.py",
             "tests/test_task_lm.py",
             "configs/lm.toml",
         ),

@@ -19,9 +19,9 @@ from helpers import COMBOS, Baked, tool_env
 # template's variables, or any statement tag.
 UNRENDERED = re.compile(r"\{\{-?\s*cookiecutter|\{%|\bcookiecutter\.(?!json\b)\w")
 TASK_FILES = {
-    "lm": ("training/tasks/lm.py", "tests/test_task_lm.py", "configs/lm.toml"),
+    "lm": ("tasks/lm.py", "tests/test_task_lm.py", "configs/lm.toml"),
     "vision": (
-        "training/tasks/vision.py",
+        "tasks/vision.py",
         "tests/test_task_vision.py",
         "configs/vision.toml",
     ),
@@ -46,7 +46,7 @@ def text_files(root: Path) -> Iterator[tuple[Path, str]]:
 
 def task_path(baked: Baked, relative: str) -> Path:
     """Resolve a task file: package-relative for code, project-relative otherwise."""
-    if relative.startswith("training/"):
+    if relative.startswith("tasks/"):
         return baked.package_dir / relative
     return baked.path / relative
 

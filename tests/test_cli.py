@@ -53,8 +53,8 @@ def test_bakes_the_readme_example(tmp_path: Path, run_cookiecutter: Run) -> None
     project = tmp_path / "my-model"
     pyproject = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
     assert pyproject["project"]["name"] == "my-model"
-    assert (project / "src" / "my_model" / "training" / "tasks" / "vision.py").is_file()
-    assert not (project / "src" / "my_model" / "training" / "tasks" / "lm.py").exists()
+    assert (project / "src" / "my_model" / "tasks" / "vision.py").is_file()
+    assert not (project / "src" / "my_model" / "tasks" / "lm.py").exists()
 
 
 def test_rebakes_the_same_project_from_recorded_answers(

@@ -162,7 +162,7 @@ def test_run_returns_0_silently_for_valid_answers(
         (
             "lm",
             [
-                "src/tpu_project/training/tasks/vision.py",
+                "src/tpu_project/tasks/vision.py",
                 "tests/test_task_vision.py",
                 "configs/vision.toml",
             ],
@@ -170,7 +170,7 @@ def test_run_returns_0_silently_for_valid_answers(
         (
             "vision",
             [
-                "src/tpu_project/training/tasks/lm.py",
+                "src/tpu_project/tasks/lm.py",
                 "tests/test_task_lm.py",
                 "configs/lm.toml",
             ],
@@ -182,8 +182,8 @@ def test_prunes_the_files_of_the_unchosen_task(
 ) -> None:
     """It deletes only the unchosen task's files and tolerates those that are missing."""
     present = [
-        "src/tpu_project/training/tasks/lm.py",
-        "src/tpu_project/training/tasks/vision.py",
+        "src/tpu_project/tasks/lm.py",
+        "src/tpu_project/tasks/vision.py",
         "tests/test_task_lm.py",
         "tests/test_task_vision.py",
     ]  # the configs stay absent on purpose

@@ -1,4 +1,4 @@
-"""Steps/s of the Trainer beside a hand-written torch_xla loop and Accelerate, on XLA:CPU.
+"""Steps/s of the training loop beside a hand-written torch_xla loop and Accelerate, on XLA:CPU.
 
     python benchmarks/bench.py [--workloads mlp,task,spmd] [--rounds 5] [--out runs/bench]
 
@@ -32,11 +32,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.core import health, make_plan
 from {{ cookiecutter.package_name }}.core.launcher import launch
-from {{ cookiecutter.package_name }}.training import TrainConfig, Trainer
-from {{ cookiecutter.package_name }}.training.tasks import load_task
-from {{ cookiecutter.package_name }}.training.trainer import lr_lambda
+from {{ cookiecutter.package_name }}.tasks import load_task
+from {{ cookiecutter.package_name }}.training import TrainConfig, fit
+from {{ cookiecutter.package_name }}.training.optim import lr_lambda
 
-WARMUP_STEPS = 3  # the Trainer's own timer also starts after step 3
+WARMUP_STEPS = 3  # the training loop's own timer also starts after step 3
 LOG_EVERY = 20
 CONFIG = TrainConfig()  # the defaults every contender copies
 WORKLOADS = {
@@ -72,19 +72,17 @@ class MlpTask:
     def build_model(self) -> nn.Module:
         return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
 
-    def datasets(self) -> tuple[Pairs, Pairs]:
-        return Pairs(self.x[:4096], self.y[:4096]), Pairs(self.x[4096:], self.y[4096:])
+    def train_dataset(self) -> Pairs:
+        return Pairs(self.x[:4096], self.y[:4096])
+
+    def eval_dataset(self) -> Pairs:
+        return Pairs(self.x[4096:], self.y[4096:])
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return F.cross_entropy(model(batch["x"]), batch["y"])
 
-    def eval_sums(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        valid = batch["valid"].float()
-        loss = F.cross_entropy(model(batch["x"]), batch["y"], reduction="none")
-        return {"loss": (loss * valid).sum(), "samples": valid.sum()}
-
-    def finalize(self, sums: dict[str, float]) -> dict[str, float]:
-        return {"loss": sums["loss"] / max(sums["samples"], 1.0)}
+    def metrics(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"loss": F.cross_entropy(model(batch["x"]), batch["y"], reduction="none")}
 
 
 def make_workload(name: str) -> Any:
@@ -96,7 +94,7 @@ def make_workload(name: str) -> Any:
 
 
 def log_reads(steps: int) -> int:
-    """Loss reads at the logging cadence, the last step included (as the Trainer logs)."""
+    """Loss reads at the logging cadence, the last step included (as the training loop logs)."""
     return steps // LOG_EVERY + (1 if steps % LOG_EVERY else 0)
 
 
@@ -148,7 +146,7 @@ def hand_written(task: Any, total: int, devices: int) -> dict[str, Any]:
     model = task.build_model().to(device)
     optimizer, scheduler = optimizer_and_schedule(model, total)
     loader = DataLoader(
-        task.datasets()[0], batch_size=task.batch_size * devices, shuffle=True, drop_last=True
+        task.train_dataset(), batch_size=task.batch_size * devices, shuffle=True, drop_last=True
     )
     sharding = None
     if devices > 1:
@@ -189,7 +187,7 @@ def accelerate_loop(task: Any, total: int, devices: int) -> dict[str, Any]:
     model = task.build_model()
     optimizer, scheduler = optimizer_and_schedule(model, total)
     loader = DataLoader(
-        task.datasets()[0], batch_size=task.batch_size, shuffle=True, drop_last=True
+        task.train_dataset(), batch_size=task.batch_size, shuffle=True, drop_last=True
     )
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     losses: list[float] = []
@@ -221,7 +219,7 @@ def accelerate_loop(task: Any, total: int, devices: int) -> dict[str, Any]:
 
 
 def trainer(task: Any, total: int, devices: int) -> dict[str, Any]:
-    """The generated Trainer through its public API, default features on, eval off."""
+    """The training loop through its public API, default features on, eval off."""
     strategy = "spmd" if devices > 1 else "single"
     with tempfile.TemporaryDirectory() as run_dir:
         config = TrainConfig(
@@ -235,7 +233,7 @@ def trainer(task: Any, total: int, devices: int) -> dict[str, Any]:
             log_every=LOG_EVERY,
             run_dir=run_dir,
         )
-        summary = Trainer(config, make_plan("cpu", devices, strategy), task=task).fit()
+        summary = fit(config, make_plan("cpu", devices, strategy), task=task)
     # Its timer starts after step 3 too; its loop counters exclude the final eval and save.
     return {
         "rate": float(summary["steps_per_second"]),

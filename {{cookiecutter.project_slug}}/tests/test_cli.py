@@ -50,7 +50,9 @@ def _garbage_checkpoint(tmp_path: Path) -> Path:
 
 BAD_TRAIN = {
     "unknown-precision": (["--precision", "fp8"], "unknown precision 'fp8'"),
-    "unknown-strategy": (["--strategy", "fsdp"], "unknown strategy 'fsdp'"),
+    "unknown-strategy": (["--strategy", "zero"], "unknown strategy 'zero'"),
+    "bad-mesh": (["--devices", "8", "--strategy", "fsdp", "--mesh", "fsdp=4"], "mesh 'fsdp=4'"),
+    "unknown-mesh-axis": (["--devices", "8", "--strategy", "fsdp", "--mesh", "tp=8"], "'tp'"),
     "zero-devices": (["--devices", "0"], "invalid devices '0'"),
     "ddp-on-cpu": (["--devices", "8", "--strategy", "ddp"], "--strategy spmd"),
     "single-with-8": (["--devices", "8", "--strategy", "single"], "strategy 'single'"),
@@ -60,6 +62,7 @@ BAD_TRAIN = {
     "unknown-key": (["--set", "learning_rate=1"], "unknown config key 'learning_rate'"),
     "bad-override": (["--set", "lr"], "must look like key=value"),
     "bad-type": (["--set", "batch_size=big"], "batch_size must be int"),
+    "unknown-optimizer": (["--set", "optimizer=lamb"], "unknown optimizer 'lamb'"),
     "missing-config": (["--config", "/no/such.toml"], "does not exist"),
 }
 

@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.core import XlaHealthError, make_plan
-from {{ cookiecutter.package_name }}.training import TrainConfig, Trainer
-from {{ cookiecutter.package_name }}.training.tasks import load_task
+from {{ cookiecutter.package_name }}.tasks import load_task
+from {{ cookiecutter.package_name }}.training import TrainConfig, fit
 
 from training_helpers import TINY
 
@@ -54,12 +54,12 @@ class ItemInLoss:
 def test_multi_epoch_fit_with_eval_compiles_each_graph_once(tmp_path: Path) -> None:
     """It fits 2 epochs with evals on ragged-length data inside the guard, one graph each."""
     config = make_config(tmp_path, max_epochs=2, eval_every=40, log_every=10)
-    trainer = Trainer(config, PLAN, guard_after=2)
-    train_set, eval_set = trainer.task.datasets()
+    task = load_task(config.task, options=config.task_options)
+    train_set, eval_set = task.train_dataset(), task.eval_dataset()
     assert len(train_set) % config.batch_size != 0  # type: ignore[arg-type]
     assert len(eval_set) % config.eval_batch_size != 0  # type: ignore[arg-type]
 
-    summary = trainer.fit()
+    summary = fit(config, PLAN, task=task, guard_after=2)
 
     assert summary["status"] == "completed"
     assert summary["steps"] == 2 * (len(train_set) // config.batch_size)  # type: ignore[arg-type]
@@ -75,12 +75,10 @@ def test_guard_fails_the_fit_on_an_item_in_the_step(tmp_path: Path) -> None:
     """It stops the fit at the next logging step, naming the host sync."""
     config = make_config(tmp_path, max_steps=40, log_every=10)
     task = ItemInLoss(load_task(config.task, options=config.task_options))
-    trainer = Trainer(config, PLAN, task=task, guard_after=2)
-
     with pytest.raises(XlaHealthError, match=r"device-to-host transfer.*\.item\(\)") as error:
-        trainer.fit()
+        fit(config, PLAN, task=task, guard_after=2)
 
-    assert trainer.progress.step == 10  # failed fast, not at the end of the run
+    assert str(error.value).startswith("step 10: ")  # failed fast, not at the end of the run
     assert "compiled" not in str(error.value)
 
 
@@ -90,7 +88,7 @@ def test_guard_fails_on_a_ragged_batch_after_warm_up(xla_guard: Any, xla_device:
     torch.manual_seed(0)
     model = task.build_model().to(xla_device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    batch = next(iter(DataLoader(task.datasets()[0], batch_size=SETTINGS["batch_size"] + 2)))
+    batch = next(iter(DataLoader(task.train_dataset(), batch_size=SETTINGS["batch_size"] + 2)))
     full = {k: v.to(xla_device) for k, v in batch.items()}
     ragged = {k: v[:-3] for k, v in full.items()}
 

@@ -17,7 +17,6 @@ from {{ cookiecutter.package_name }}.core import (
     check_batch,
     eval_dataloader,
     prepare_dataloader,
-    replica_layout,
     set_epoch,
 )
 
@@ -163,21 +162,6 @@ def test_user_distributed_sampler_is_kept():
     assert prepared.sampler is own
 
 
-class Stream(IterableDataset):
-    def __iter__(self):
-        return iter(torch.arange(4))
-
-
-def test_iterable_dataset_is_returned_unchanged_with_a_warning():
-    """It leaves an IterableDataset alone and warns that it must shard itself."""
-    loader = DataLoader(Stream(), batch_size=2)
-
-    with pytest.warns(UserWarning, match="IterableDataset"):
-        prepared = prepare_dataloader(loader, 4, 1)
-
-    assert prepared is loader
-
-
 class DictDataset(Dataset):
     def __init__(self, length: int) -> None:
         self.length = length
@@ -208,9 +192,61 @@ def test_eval_loader_counts_each_sample_once_in_full_batches(world, length):
     assert len(set(batches_per_rank)) == 1, "replicas must run the same number of eval steps"
 
 
-def test_single_strategy_is_one_replica():
-    """It treats the single strategy as one replica of rank 0."""
-    assert replica_layout("single") == (1, 0)
+class Stream(IterableDataset):
+    """A stream of numbered samples; `set_epoch` reorders it, like a shuffled shard list."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(self.length, generator=torch.Generator().manual_seed(self.epoch))
+        for index in order.tolist():
+            yield {"index": torch.tensor(index)}
+
+
+def stream_shards(length: int, world: int, epoch: int = 0, workers: int = 0) -> list[list[int]]:
+    """What every replica reads of one epoch of the stream, through prepared loaders."""
+    shards = []
+    for rank in range(world):
+        loader = prepare_dataloader(
+            DataLoader(Stream(length), batch_size=1, num_workers=workers), world, rank
+        )
+        set_epoch(loader, epoch)
+        shards.append([int(batch["index"]) for batch in loader])
+    return shards
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("world", WORLD_SIZES)
+def test_stream_shards_are_distinct_and_equally_long(world, length):
+    """It gives every replica of a stream its own samples, as many as every other replica."""
+    shards = stream_shards(length, world)
+
+    assert [len(s) for s in shards] == [length // world] * world
+    flat = [i for s in shards for i in s]
+    assert len(flat) == len(set(flat)) == (length // world) * world
+
+
+def test_stream_epochs_restart_and_follow_set_epoch():
+    """It reads the whole stream again each epoch, in the order set_epoch gives it."""
+    first, again, second = (stream_shards(64, 4, epoch) for epoch in (0, 0, 1))
+
+    assert first == again
+    assert first != second
+    for shards in (first, second):
+        assert sorted(i for s in shards for i in s) == list(range(64))
+
+
+def test_stream_workers_split_a_replicas_share():
+    """It gives a replica the same samples whether one or two loader workers read them."""
+    alone = stream_shards(40, 2)
+    with_workers = stream_shards(40, 2, workers=2)
+
+    assert [sorted(s) for s in with_workers] == [sorted(s) for s in alone]
 
 
 def test_check_batch_names_the_offending_key_and_type():

@@ -1,7 +1,7 @@
-"""Strategies resolve as documented, and spmd on 8 devices trains like one device."""
+"""Strategies resolve as documented, refuse bad requests, and train like one device."""
 
 import json
-import os
+import re
 import sys
 from typing import Any
 
@@ -10,15 +10,15 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from {{ cookiecutter.package_name }}.core import (
-    DeviceFeeder,
-    Plan,
-    RuntimeConfigError,
-    launch,
-    make_plan,
-    runtime,
-)
+from {{ cookiecutter.package_name }}.core import DeviceFeeder, RuntimeConfigError, launch, make_plan, ops
 from {{ cookiecutter.package_name }}.core.launcher import parse_devices
+from {{ cookiecutter.package_name }}.core.strategies import (
+    DataParallelProcesses,
+    FullyShardedDataParallel,
+    SingleDevice,
+    SpmdDataParallel,
+    parse_mesh,
+)
 
 SPMD_DEVICES = 8
 GLOBAL_BATCH = 64
@@ -26,9 +26,17 @@ GLOBAL_BATCH = 64
 
 def test_auto_strategy_emulates_many_cpu_devices_with_spmd():
     """It picks spmd for several XLA:CPU devices and single for one."""
-    assert make_plan("cpu", 8) == Plan("cpu", "spmd", 8)
-    assert make_plan("cpu", "8", "auto") == Plan("cpu", "spmd", 8)
-    assert make_plan("cpu", 1) == Plan("cpu", "single", 1)
+    assert make_plan("cpu", 8).strategy == SpmdDataParallel("cpu", 8)
+    assert make_plan("cpu", "8", "auto").strategy.name == "spmd"
+    assert make_plan("cpu", 1).strategy == SingleDevice("cpu", 1)
+
+
+def test_auto_strategy_on_a_multi_device_tpu_host_is_spmd(monkeypatch):
+    """It picks spmd, not ddp, for every device of a TPU host; ddp stays explicit."""
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    assert isinstance(make_plan("tpu", "all").strategy, SpmdDataParallel)
+    assert isinstance(make_plan("tpu", 4).strategy, SpmdDataParallel)
+    assert isinstance(make_plan("tpu", 4, "ddp").strategy, DataParallelProcesses)
 
 
 def test_ddp_on_several_cpu_devices_points_to_spmd():
@@ -46,17 +54,22 @@ def test_bad_devices_are_rejected(devices):
 
 def test_unknown_strategy_is_rejected_with_the_choices():
     """It rejects an unknown strategy and lists the valid ones."""
-    with pytest.raises(RuntimeConfigError, match=r"unknown strategy 'fsdp'.*single, ddp, spmd"):
-        make_plan("cpu", 1, "fsdp")
+    choices = r"unknown strategy 'zero'.*single, ddp, spmd, fsdp"
+    with pytest.raises(RuntimeConfigError, match=choices):
+        make_plan("cpu", 1, "zero")
 
 
 def test_one_core_id_selects_that_chip_on_tpu(monkeypatch, restore_environ):
     """It parses '[5]' as one device on core 5 and exposes only that chip to PJRT."""
+    import os
+
+    from {{ cookiecutter.package_name }}.core import runtime
+
     monkeypatch.setenv("PJRT_DEVICE", "TPU")
     assert parse_devices("[5]") == (1, 5)
 
     plan = make_plan("tpu", "[5]")
-    assert plan == Plan("tpu", "single", 1, core=5)
+    assert (plan.strategy, plan.core) == (SingleDevice("tpu", 1, 5), 5)
 
     runtime.configure(plan.accelerator, tpu_core=plan.core)
     assert os.environ["TPU_VISIBLE_CHIPS"] == "5"
@@ -69,78 +82,101 @@ def test_one_core_id_needs_a_tpu():
         make_plan("cpu", "[5]")
 
 
-@pytest.mark.parametrize(
-    ("accelerator_type", "hosts", "per_host"),
-    [
-        ("v2-8", 1, 8),
-        ("v3-8", 1, 8),
-        ("v4-8", 1, 4),
-        ("v5litepod-8", 1, 8),
-        ("v4-32", 4, 4),
-        ("v5litepod-16", 4, 4),
-    ],
-)
-def test_topology_counts_hosts_and_devices_per_host(accelerator_type, hosts, per_host):
-    """It knows how many hosts and devices per host an accelerator type has."""
-    layout = runtime.topology(accelerator_type)
-
-    assert (layout.hosts, layout.devices_per_host) == (hosts, per_host)
+def test_mesh_parses_in_mesh_order():
+    """It reads `axis=size` pairs and orders them data, then fsdp."""
+    assert parse_mesh("fsdp=4, data=2") == (("data", 2), ("fsdp", 4))
+    assert parse_mesh("") == ()
+    plan = make_plan("cpu", 8, "fsdp", "data=2,fsdp=4")
+    assert isinstance(plan.strategy, FullyShardedDataParallel)
+    assert plan.strategy.mesh_request == (("data", 2), ("fsdp", 4))
 
 
-def training_step(strategy: str) -> dict[str, Any]:
-    """One SGD step of a tiny MLP on one fixed full batch; runs inside `launch`."""
+BAD_MESHES = {
+    "unknown-axis": ("fsdp", "model=8", "unknown mesh axis 'model'"),
+    "wrong-product": ("fsdp", "data=2,fsdp=2", "has 4 devices but the job has 8"),
+    "zero-size": ("fsdp", "fsdp=0", "positive size"),
+    "no-size": ("fsdp", "fsdp", "axis=size"),
+    "twice": ("fsdp", "fsdp=4,fsdp=2", "given twice"),
+    "fsdp-without-fsdp-axis": ("fsdp", "data=8", "needs a 'fsdp' axis"),
+    "spmd-with-fsdp-axis": ("spmd", "fsdp=8", "use --strategy fsdp"),
+    "mesh-for-ddp": ("ddp", "data=1", "a mesh is for strategies spmd and fsdp"),
+}
+
+
+@pytest.mark.parametrize("strategy,mesh,message", BAD_MESHES.values(), ids=BAD_MESHES.keys())
+def test_bad_mesh_is_refused_before_anything_starts(strategy, mesh, message):
+    """It refuses a mesh with an unknown axis or the wrong size, naming the fix."""
+    devices = 1 if strategy == "ddp" else SPMD_DEVICES
+    with pytest.raises(RuntimeConfigError, match=message):
+        make_plan("cpu", devices, strategy, mesh)
+
+
+def training_steps(strategy_name: str, devices: int) -> dict[str, Any]:
+    """Three AdamW steps of a small MLP on fixed full batches; runs inside `launch`."""
     import torch_xla
 
+    strategy = make_plan("cpu", devices, strategy_name).strategy
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
-    inputs, targets = torch.randn(GLOBAL_BATCH, 6), torch.randn(GLOBAL_BATCH, 2)
+    inputs, targets = torch.randn(GLOBAL_BATCH * 3, 6), torch.randn(GLOBAL_BATCH * 3, 2)
     loader = DataLoader(TensorDataset(inputs, targets), batch_size=GLOBAL_BATCH)
-    model.to(torch_xla.device())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model, _ = strategy.setup_model(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    ops.prime_optimizer_state(optimizer)
+    strategy.place_optimizer_state(optimizer)
 
-    shardings = []
+    shardings, losses = [], []
     for x, y in DeviceFeeder(loader, strategy).epoch(0):
         shardings.append(torch_xla._XLAC._get_xla_sharding_spec(x))
-        nn.functional.mse_loss(model(x), y).backward()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
         optimizer.step()
+        optimizer.zero_grad()
         torch_xla.sync()
+        losses.append(loss.item())
+    state = strategy.model_state_dict(model)
     return {
-        "devices": runtime.global_device_count(),
-        "addressable_devices": runtime.addressable_device_count(),
         "batch_sharding": shardings,
-        "params": [p.detach().cpu().tolist() for p in model.parameters()],
+        "param_sharding": [torch_xla._XLAC._get_xla_sharding_spec(p) for p in model.parameters()],
+        "losses": losses,
+        "params": {name: value.cpu().tolist() for name, value in state.items()},
     }
 
 
-@pytest.fixture(scope="module")
-def spmd_run(python_subprocess):
-    """The training step under spmd on 8 XLA:CPU devices, in a fresh runtime."""
-    result = python_subprocess(
-        [__file__, "spmd"], env={"CPU_NUM_DEVICES": str(SPMD_DEVICES)}, unset=("XLA_USE_BF16",)
-    )
-    print(f"spmd run: {result['devices']} devices")
-    return result
+@pytest.fixture(scope="module", params=["spmd", "fsdp"])
+def eight_device_run(request, python_subprocess):
+    """The training steps on 8 XLA:CPU devices under spmd or fsdp, in a fresh runtime."""
+    env = {"CPU_NUM_DEVICES": str(SPMD_DEVICES)}
+    result = python_subprocess([__file__, request.param], env=env, unset=("XLA_USE_BF16",))
+    return request.param, result
 
 
-def test_spmd_launch_runs_on_eight_cpu_devices(spmd_run):
-    """It runs an spmd launch on 8 XLA:CPU devices and shards the batch over all of them."""
-    assert spmd_run["devices"] == SPMD_DEVICES
-    assert spmd_run["addressable_devices"] == SPMD_DEVICES
-    assert spmd_run["batch_sharding"] == ["{devices=[8,1]0,1,2,3,4,5,6,7}"]
+def test_eight_devices_shard_the_batch_and_fsdp_the_parameters(eight_device_run):
+    """It splits each batch over all 8 devices; fsdp also splits every weight matrix."""
+    strategy, run = eight_device_run
+    assert run["batch_sharding"] == ["{devices=[8,1]0,1,2,3,4,5,6,7}"] * 3
+    weights = run["param_sharding"][0::2]
+    # fsdp splits each matrix along its longest dimension.
+    expected = r"\{devices=\[(8,1|1,8)\]" if strategy == "fsdp" else r"\{replicated\}"
+    assert all(re.match(expected, spec) for spec in weights), weights
 
 
-def test_spmd_step_matches_single_device_step(spmd_run, restore_environ):
-    """It gives the same parameters after one step on 8 sharded devices as on one."""
-    single = launch(training_step, make_plan("cpu", 1, "single"), args=("single",))
+def test_eight_device_steps_match_single_device_steps(eight_device_run, restore_environ):
+    """It gives the same losses and parameters on 8 sharded devices as on one."""
+    _, run = eight_device_run
+    single = launch(training_steps, make_plan("cpu", 1, "single"), args=("single", 1))
 
-    assert single["batch_sharding"] == [""]
-    for sharded, reference in zip(spmd_run["params"], single["params"], strict=True):
+    assert single["batch_sharding"] == [""] * 3
+    assert run["params"].keys() == single["params"].keys()  # no wrapper names in the state
+    torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(single["losses"]))
+    for name, reference in single["params"].items():
         torch.testing.assert_close(
-            torch.tensor(sharded), torch.tensor(reference), rtol=1e-5, atol=1e-5
+            torch.tensor(run["params"][name]), torch.tensor(reference), rtol=1e-5, atol=1e-5
         )
 
 
 if __name__ == "__main__":
-    # Child mode for `spmd_run`: SPMD is process-wide and must start before any XLA tensor.
-    strategy = sys.argv[1]
-    print(json.dumps(launch(training_step, make_plan("cpu", SPMD_DEVICES, strategy), (strategy,))))
+    # Child mode for `eight_device_run`: SPMD is process-wide and starts before any XLA tensor.
+    name = sys.argv[1]
+    plan = make_plan("cpu", SPMD_DEVICES, name)
+    print(json.dumps(launch(training_steps, plan, (name, SPMD_DEVICES))))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from {{ cookiecutter.package_name }}.training.tasks import load_task
+from {{ cookiecutter.package_name }}.tasks import load_task
 
 from training_helpers import cli
 

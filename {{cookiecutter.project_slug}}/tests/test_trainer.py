@@ -93,7 +93,7 @@ def test_kill_during_checkpoint_write_keeps_previous_loadable(tmp_path: Path) ->
     process.wait()
     assert list_checkpoints(run_dir), "no checkpoint was written before the kill"
     for path in list_checkpoints(run_dir):
-        assert load_checkpoint(path)["step"] == int(path.stem.split("-")[1])
+        assert load_checkpoint(path)["progress"]["step"] == int(path.stem.split("-")[1])
 
 
 def test_checkpoint_loads_without_torch_xla(reference_run: Path) -> None:
@@ -103,7 +103,7 @@ def test_checkpoint_loads_without_torch_xla(reference_run: Path) -> None:
         "import sys; sys.modules['torch_xla'] = None\n"
         "import torch\n"
         f"state = torch.load({str(path)!r}, map_location='cpu', weights_only=True)\n"
-        "print(state['step'], next(iter(state['model'].values())).device)"
+        "print(state['progress']['step'], next(iter(state['model'].values())).device)"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True

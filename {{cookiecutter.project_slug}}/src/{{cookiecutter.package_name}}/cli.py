@@ -22,6 +22,7 @@ app.add_typer(pod_app, name="pod")
 ConfigFile = Annotated[
     Path | None, typer.Option("--config", "-c", help="TOML or YAML file of config keys.")
 ]
+STRATEGY_HELP = "auto, single, ddp, spmd or fsdp."
 Sets = Annotated[
     list[str] | None, typer.Option("--set", "-s", help="Override any config key: key=value.")
 ]
@@ -49,7 +50,10 @@ def train(
     config: ConfigFile = None,
     accelerator: Annotated[str | None, typer.Option(help="auto, tpu or cpu.")] = None,
     devices: Annotated[str | None, typer.Option(help="1, 8, all, or one core id like [5].")] = None,
-    strategy: Annotated[str | None, typer.Option(help="auto, single, ddp or spmd.")] = None,
+    strategy: Annotated[str | None, typer.Option(help=STRATEGY_HELP)] = None,
+    mesh: Annotated[
+        str | None, typer.Option(help="spmd/fsdp device mesh: fsdp=8, data=2,fsdp=4.")
+    ] = None,
     precision: Annotated[
         str | None, typer.Option(help="32-true, bf16-mixed, bf16-true, ...")
     ] = None,
@@ -140,33 +144,38 @@ def evaluate(
     checkpoint: Annotated[Path, typer.Option(help="Checkpoint file to evaluate.")],
     accelerator: Annotated[str | None, typer.Option(help="auto, tpu or cpu.")] = None,
     devices: Annotated[str | None, typer.Option(help="1, 8, all, or [core].")] = None,
-    strategy: Annotated[str | None, typer.Option(help="auto, single, ddp or spmd.")] = None,
+    strategy: Annotated[str | None, typer.Option(help=STRATEGY_HELP)] = None,
+    mesh: Annotated[str | None, typer.Option(help="spmd/fsdp device mesh.")] = None,
     data: Annotated[str | None, typer.Option(help="Evaluate on other data.")] = None,
 ) -> None:
     """Evaluate a checkpoint on the task's eval set and print the metrics as JSON."""
-    from .core import launch, make_plan
+    from .core import launch
+    from .training import plan_of
     from .training.checkpoint import CheckpointError, load_checkpoint
     from .training.config import ConfigError, build_config
+    from .training.evaluation import evaluate_checkpoint
 
     try:
         state = load_checkpoint(checkpoint)
         saved = {k: v for k, v in state["config"].items() if k != "resume"}
-        flags = {"accelerator": accelerator, "devices": devices, "strategy": strategy, "data": data}
+        flags = {
+            "accelerator": accelerator,
+            "devices": devices,
+            "strategy": strategy,
+            "mesh": mesh,
+            "data": data,
+        }
+        if strategy is not None and mesh is None:
+            saved["mesh"] = ""  # the saved mesh belongs to the saved strategy
         saved.update({k: v for k, v in flags.items() if v is not None})
         cfg = build_config(None, saved)
-        plan = make_plan(cfg.accelerator, cfg.devices, cfg.strategy)
-        if plan.strategy == "ddp" and plan.devices != 1:
-            fail("eval runs in one process: use --strategy spmd or --devices 1")
-        metrics = launch(_eval_worker, plan, args=(cfg, plan, state))
+        plan = plan_of(cfg)
+        if plan.strategy.spawns():
+            fail("eval returns its metrics from one process: use --strategy spmd or --devices 1")
+        metrics = launch(evaluate_checkpoint, plan, args=(cfg, plan, state))
     except (CheckpointError, ConfigError, RuntimeConfigError, ValueError) as error:
         fail(str(error))
     typer.echo(json.dumps(metrics))
-
-
-def _eval_worker(cfg: Any, plan: Any, state: dict[str, Any]) -> dict[str, float]:
-    from .training import Trainer
-
-    return Trainer(cfg, plan).evaluate_checkpoint(state)
 
 
 @app.command()

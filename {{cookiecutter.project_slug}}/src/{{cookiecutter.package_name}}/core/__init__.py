@@ -14,7 +14,6 @@ _EXPORTS = {
     "check_batch": "data",
     "eval_dataloader": "data",
     "prepare_dataloader": "data",
-    "replica_layout": "data",
     "set_epoch": "data",
     "XlaGuard": "health",
     "XlaHealthError": "health",
@@ -24,9 +23,12 @@ _EXPORTS = {
     "make_plan": "launcher",
     "Precision": "precision",
     "RuntimeConfigError": "runtime",
+    "Strategy": "strategies",
     "configure": "runtime",
     "detect_accelerator": "runtime",
+    "TieReport": "tying",
     "find_shared_parameters": "tying",
+    "move_and_retie": "tying",
     "move_to_device": "tying",
 }
 
@@ -35,6 +37,8 @@ __all__ = [
     "Plan",
     "Precision",
     "RuntimeConfigError",
+    "Strategy",
+    "TieReport",
     "XlaGuard",
     "XlaHealthError",
     "check_batch",
@@ -44,9 +48,9 @@ __all__ = [
     "find_shared_parameters",
     "launch",
     "make_plan",
+    "move_and_retie",
     "move_to_device",
     "prepare_dataloader",
-    "replica_layout",
     "set_epoch",
     "snapshot",
 ]
@@ -57,14 +61,14 @@ if TYPE_CHECKING:
         check_batch,
         eval_dataloader,
         prepare_dataloader,
-        replica_layout,
         set_epoch,
     )
     from .health import XlaGuard, XlaHealthError, snapshot
     from .launcher import Plan, launch, make_plan
     from .precision import Precision
     from .runtime import RuntimeConfigError, configure, detect_accelerator
-    from .tying import find_shared_parameters, move_to_device
+    from .strategies import Strategy
+    from .tying import TieReport, find_shared_parameters, move_and_retie, move_to_device
 
 
 def __getattr__(name: str) -> Any:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-import warnings
+import sys
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import (
@@ -15,24 +15,15 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     Sampler,
+    get_worker_info,
 )
 
 from . import runtime
 
+if TYPE_CHECKING:
+    from .strategies import Strategy
+
 VALID_KEY = "valid"
-
-
-def replica_layout(strategy: str) -> tuple[int, int]:
-    """Return (num_replicas, rank) that data must be sharded over for a strategy.
-
-    Under ddp every process is a replica. Under spmd one process feeds all local
-    devices and the batch is sharded over the mesh, so hosts are the replicas.
-    """
-    if strategy == "ddp":
-        return runtime.world_size(), runtime.global_ordinal()
-    if strategy == "spmd":
-        return runtime.process_count(), runtime.process_index()
-    return 1, 0
 
 
 def _loader_shuffles(loader: DataLoader) -> bool:
@@ -53,16 +44,14 @@ def prepare_dataloader(
     """Return an equivalent DataLoader that reads only this replica's shard.
 
     Batch size, collate_fn, workers, pin_memory, generator and drop_last survive;
-    shuffling follows the original loader. A user's DistributedSampler is kept, and
-    an IterableDataset (which shards itself) is returned unchanged with a warning.
+    shuffling follows the original loader. A user's DistributedSampler is kept. An
+    IterableDataset (a stream) is wrapped in `HostShard`: every replica reads its own
+    samples, as many as every other replica.
     """
     if isinstance(loader.dataset, IterableDataset):
-        warnings.warn(
-            "IterableDataset given: it is not re-sampled, so it must shard itself "
-            f"across {num_replicas} replicas (e.g. by rank {rank})",
-            stacklevel=2,
+        return _rebuild(
+            loader, HostShard(loader.dataset, num_replicas, rank), None, loader.drop_last
         )
-        return loader
     if isinstance(loader.sampler, DistributedSampler):
         return loader
     if loader.batch_sampler is not None and loader.batch_size is None:
@@ -79,14 +68,19 @@ def prepare_dataloader(
         seed=seed,
         drop_last=keep_last,
     )
+    return _rebuild(loader, loader.dataset, sampler, keep_last)
+
+
+def _rebuild(loader: DataLoader, dataset: Any, sampler: Any, drop_last: bool) -> DataLoader:
+    """The same loader over another dataset or sampler."""
     return DataLoader(
-        loader.dataset,
+        dataset,
         batch_size=loader.batch_size,
         sampler=sampler,
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
-        drop_last=keep_last,
+        drop_last=drop_last,
         timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn,
         multiprocessing_context=loader.multiprocessing_context,
@@ -96,11 +90,43 @@ def prepare_dataloader(
     )
 
 
+class HostShard(IterableDataset[Any]):
+    """One replica's share of a stream: sample `rank` of every complete group of `replicas`.
+
+    Every replica yields the same number of samples (a final incomplete group is
+    dropped), so no replica runs a step the others do not. DataLoader workers of one
+    replica take turns over the groups. `set_epoch` reaches the stream if it has one.
+    """
+
+    def __init__(self, stream: IterableDataset[Any], replicas: int, rank: int) -> None:
+        self.stream = stream
+        self.replicas = replicas
+        self.rank = rank
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.stream, "set_epoch"):
+            self.stream.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        worker = get_worker_info()
+        workers, worker_id = (worker.num_workers, worker.id) if worker else (1, 0)
+        group: list[Any] = []
+        index = 0
+        for sample in self.stream:
+            group.append(sample)
+            if len(group) < self.replicas:
+                continue
+            if index % workers == worker_id:
+                yield group[self.rank]
+            group = []
+            index += 1
+
+
 def set_epoch(loader: DataLoader, epoch: int) -> None:
-    """Reshuffle a sharded loader for a new epoch (no-op for other samplers)."""
-    sampler = loader.sampler
-    if hasattr(sampler, "set_epoch"):
-        sampler.set_epoch(epoch)
+    """Reshuffle a sharded loader (or stream) for a new epoch (no-op for other kinds)."""
+    for part in (loader.sampler, loader.dataset):
+        if hasattr(part, "set_epoch"):
+            part.set_epoch(epoch)
 
 
 class EvalShardSampler(Sampler[int]):
@@ -177,52 +203,24 @@ def check_batch(batch: Any, path: str = "batch") -> None:
     )
 
 
-def data_mesh() -> Any:
-    """A 1-D mesh named `data` over every device of the job (SPMD)."""
-    import numpy as np
-    import torch_xla.distributed.spmd as xs
-
-    count = runtime.global_device_count()
-    return xs.Mesh(np.arange(count), (count,), ("data",))
-
-
-def _batch_sharding(sample: Any, mesh: Any) -> Any:
-    """Shard dim 0 of every batch member over the mesh; other dims are replicated."""
-    import torch_xla.distributed.spmd as xs
-
-    multi_host = runtime.process_count() > 1
-    if isinstance(sample, Mapping):
-        return {
-            key: xs.ShardingSpec(
-                mesh, ("data",) + (None,) * (value.dim() - 1), minibatch=multi_host
-            )
-            for key, value in sample.items()
-        }
-    ranks = {t.dim() for t in (sample if isinstance(sample, (list, tuple)) else [sample])}
-    if len(ranks) != 1:
-        raise ValueError("spmd batches of mixed-rank tensors must be dicts (one spec per key)")
-    rank = ranks.pop()
-    return xs.ShardingSpec(mesh, ("data",) + (None,) * (rank - 1), minibatch=multi_host)
-
-
 class DeviceFeeder:
     """Feeds one replica's CPU loader to its XLA device, epoch by epoch.
 
-    Built once: it checks that batches hold only tensors and, under spmd, derives
-    the batch sharding over the data mesh. Each `epoch()` reshuffles and returns
-    torch_xla's MpDeviceLoader, which cuts a step every `batches_per_step` batches.
+    Built once: it checks that batches hold only tensors and asks the strategy how a
+    batch is laid out over the devices. Each `epoch()` reshuffles and returns
+    torch_xla's MpDeviceLoader, which uploads batches ahead in the background. With
+    `cut_steps` it cuts the graph before each batch (one batch, one step); without,
+    the caller cuts it (`torch_xla.sync()`) where its step ends, e.g. after the last
+    of several accumulated micro-batches.
     """
 
-    def __init__(
-        self, loader: DataLoader, strategy: str, batches_per_step: int = 1, mesh: Any = None
-    ) -> None:
+    def __init__(self, loader: DataLoader, strategy: Strategy, cut_steps: bool = True) -> None:
         self.loader = loader
-        self.batches_per_step = batches_per_step
+        # MpDeviceLoader cuts before every k-th batch; never reaching k leaves it to us.
+        self.batches_per_execution = 1 if cut_steps else sys.maxsize
         sample = next(iter(loader))
         check_batch(sample)
-        self.sharding = None
-        if strategy == "spmd":
-            self.sharding = _batch_sharding(sample, mesh if mesh is not None else data_mesh())
+        self.sharding = strategy.input_sharding(sample)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -240,6 +238,6 @@ class DeviceFeeder:
         return pl.MpDeviceLoader(
             source,
             runtime.device(),
-            batches_per_execution=self.batches_per_step,
+            batches_per_execution=self.batches_per_execution,
             input_sharding=self.sharding,
         )

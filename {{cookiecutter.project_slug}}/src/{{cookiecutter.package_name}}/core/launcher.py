@@ -7,19 +7,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import runtime
+from . import runtime, strategies
 from .runtime import RuntimeConfigError
-
-# XLA:CPU emulates this many devices when `--devices all` is asked for off-TPU.
-CPU_EMULATED_DEVICES = 8
+from .strategies import CPU_EMULATED_DEVICES, Strategy
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What will run: the accelerator, the strategy and how many local devices it uses."""
+    """What will run: the accelerator, the strategy object and the local devices it uses."""
 
     accelerator: str  # "tpu" or "cpu"
-    strategy: str  # "single", "ddp" or "spmd"
+    strategy: Strategy
     devices: int | None  # local devices; None means every local device
     core: int | None = None  # one specific TPU chip/core, the old `tpu_cores=[5]`
 
@@ -39,12 +37,10 @@ def parse_devices(devices: str | int) -> tuple[int | None, int | None]:
     )
 
 
-def make_plan(accelerator: str = "auto", devices: str | int = 1, strategy: str = "auto") -> Plan:
+def make_plan(
+    accelerator: str = "auto", devices: str | int = 1, strategy: str = "auto", mesh: str = ""
+) -> Plan:
     """Validate a request and decide how it runs; raise RuntimeConfigError with the fix."""
-    if strategy not in runtime.STRATEGIES:
-        raise RuntimeConfigError(
-            f"unknown strategy {strategy!r}: choose one of {', '.join(runtime.STRATEGIES)}"
-        )
     resolved = runtime.detect_accelerator(accelerator)
     count, core = parse_devices(devices)
     if resolved == "cpu":
@@ -54,51 +50,12 @@ def make_plan(accelerator: str = "auto", devices: str | int = 1, strategy: str =
             )
         if count is None:
             count = int(os.environ.get("CPU_NUM_DEVICES", CPU_EMULATED_DEVICES))
-    if strategy == "auto":
-        many = "ddp" if resolved == "tpu" else "spmd"
-        strategy = "single" if count == 1 else many
-    if strategy == "single" and count != 1:
-        raise RuntimeConfigError(
-            f"strategy 'single' runs on one device but devices={devices!r}: "
-            "use --devices 1, or --strategy ddp/spmd for more"
-        )
-    if resolved == "cpu" and strategy == "ddp" and count != 1:
-        raise RuntimeConfigError(
-            "XLA:CPU has no multi-process collectives, so strategy 'ddp' cannot use "
-            f"{count} devices here: use --strategy spmd to emulate them in one process"
-        )
-    return Plan(accelerator=resolved, strategy=strategy, devices=count, core=core)
-
-
-def _replica_entry(index: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    fn(*args)
+    chosen = strategies.resolve(strategy, resolved, count, core, mesh)
+    return Plan(accelerator=resolved, strategy=chosen, devices=count, core=core)
 
 
 def launch(
     fn: Callable[..., Any], plan: Plan, args: tuple[Any, ...] = (), start_method: str = "spawn"
 ) -> Any:
-    """Run `fn(*args)` as the plan says: in-process, one process per device, or SPMD."""
-    cpu_devices = (plan.devices or 1) if plan.strategy == "spmd" else 1
-    runtime.configure(plan.accelerator, cpu_devices=cpu_devices, tpu_core=plan.core)
-    # One ddp replica needs no spawn: run it here, where its result can be returned.
-    if plan.strategy == "ddp" and plan.devices != 1:
-        if runtime.runtime_initialized():
-            raise RuntimeConfigError(
-                "the XLA runtime is already initialized in this process, so it cannot "
-                "spawn replicas: do not touch an XLA device before launching "
-                "(in a notebook, restart the kernel)"
-            )
-        import torch_xla
-
-        return torch_xla.launch(_replica_entry, args=(fn, args), start_method=start_method)
-    if plan.strategy == "spmd":
-        import torch_xla.runtime as xr
-
-        xr.use_spmd()
-        found = runtime.addressable_device_count()
-        if plan.devices is not None and found != plan.devices:
-            raise RuntimeConfigError(
-                f"asked for {plan.devices} devices but this host has {found}: "
-                "use --devices all or the host's device count"
-            )
-    return fn(*args)
+    """Run `fn(*args)` as the plan's strategy runs: in-process, one process per device, SPMD."""
+    return plan.strategy.launch(fn, args, start_method)

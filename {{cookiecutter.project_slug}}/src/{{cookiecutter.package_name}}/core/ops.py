@@ -8,8 +8,6 @@ from typing import Any
 
 import torch
 
-from . import runtime
-
 
 def sync() -> None:
     """Cut the lazy graph here and run it (one training or eval step)."""
@@ -23,42 +21,6 @@ def add_step_closure(fn: Callable[..., None], args: tuple[Any, ...] = ()) -> Non
     import torch_xla.core.xla_model as xm
 
     xm.add_step_closure(fn, args=args)
-
-
-def reduce_gradients(optimizer: torch.optim.Optimizer, strategy: str) -> None:
-    """All-reduce (average) gradients across ddp replicas; spmd and single need nothing."""
-    if strategy == "ddp" and runtime.world_size() > 1:
-        import torch_xla.core.xla_model as xm
-
-        xm.reduce_gradients(optimizer)
-
-
-def all_reduce_sum(tensor: torch.Tensor, strategy: str) -> torch.Tensor:
-    """Sum a device tensor over ddp replicas (spmd tensors are already global)."""
-    if strategy == "ddp" and runtime.world_size() > 1:
-        import torch_xla.core.xla_model as xm
-
-        reduced = xm.all_reduce(xm.REDUCE_SUM, tensor)
-        assert isinstance(reduced, torch.Tensor)
-        return reduced
-    return tensor
-
-
-def agree_any(flag: bool, strategy: str) -> bool:
-    """True if any process raised `flag` (host-side; call on a cadence, not every step)."""
-    if strategy == "ddp" and runtime.world_size() > 1:
-        import torch_xla.core.xla_model as xm
-
-        return bool(xm.mesh_reduce("agree_any", int(flag), max))
-    return flag
-
-
-def rendezvous(tag: str, strategy: str) -> None:
-    """Wait for every ddp replica (e.g. until the writer finished a checkpoint)."""
-    if strategy == "ddp" and runtime.world_size() > 1:
-        import torch_xla.core.xla_model as xm
-
-        xm.rendezvous(tag)
 
 
 def rng_state() -> int:
@@ -96,13 +58,13 @@ def to_cpu(tree: Any) -> Any:
     return tree
 
 
-def initialize_compile_cache(path: str | None) -> None:
+def initialize_compile_cache(path: str | None, readonly: bool = False) -> None:
     """Enable the persistent compilation cache (TPU; XLA:CPU cannot reuse it)."""
     if not path or os.environ.get("PJRT_DEVICE") != "TPU":
         return
     import torch_xla.runtime as xr
 
-    xr.initialize_cache(path, readonly=not runtime.is_local_master())
+    xr.initialize_cache(path, readonly=readonly)
 
 
 def wait() -> None:
@@ -112,39 +74,37 @@ def wait() -> None:
     xm.wait_device_ops()
 
 
-def prime_adam_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create Adam/AdamW moments now, as device data, exactly as the first step would.
+# Optimizer state entries that count steps: put back to where a fresh optimizer starts.
+_COUNTERS = {"step": 0.0, "mu_product": 1.0}
 
-    Created lazily, they are constants in the first step's graph and inputs of every
-    later one: two graphs to compile. Made here, step 1 already runs the steady graph.
+
+def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state now: one step on zero gradients that changes nothing.
+
+    Created lazily by the first real step, the state would be constants in that step's
+    graph and inputs of every later one: two graphs to compile. This dry step (lr and
+    weight decay 0, gradients 0) makes every buffer the optimizer itself creates, with
+    the values its first real step would start from; step counters are reset after it.
     """
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            state = optimizer.state[param]
-            if state or not param.requires_grad:
-                continue
-            # Host zeros moved to the device are device data; zeros made on it would be IR.
-            zeros = torch.zeros(param.shape, dtype=param.dtype)
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)  # on the host, as torch
-            state["exp_avg"] = zeros.to(param.device)
-            state["exp_avg_sq"] = zeros.to(param.device)
-            if group.get("amsgrad"):
-                state["max_exp_avg_sq"] = zeros.to(param.device)
-
-
-def replicate_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Pin parameters and optimizer state as replicated over the SPMD mesh.
-
-    Left unannotated, the partitioner picks the outputs' sharding on the first step,
-    the second step sees inputs sharded differently and compiles a second graph.
-    """
-    import torch_xla.distributed.spmd as xs
-
-    from .data import data_mesh
-
-    mesh = data_mesh()
-    tensors: list[torch.Tensor] = list(module.parameters())
+    if any(optimizer.state.values()):
+        return  # restored from a checkpoint, or already primed
+    saved = [(group, group["lr"], group.get("weight_decay")) for group in optimizer.param_groups]
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    for group, _, decay in saved:
+        group["lr"] = 0.0
+        if decay is not None:
+            group["weight_decay"] = 0.0
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    for param in params:
+        param.grad = None
+    for group, lr, decay in saved:
+        group["lr"] = lr
+        if decay is not None:
+            group["weight_decay"] = decay
     for state in optimizer.state.values():
-        tensors += [v for v in state.values() if torch.is_tensor(v) and v.device.type == "xla"]
-    for tensor in tensors:
-        xs.mark_sharding(tensor, mesh, (None,) * tensor.dim())
+        for key, start in _COUNTERS.items():
+            if key in state:
+                value = state[key]
+                state[key] = value.fill_(start) if torch.is_tensor(value) else type(value)(start)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 ACCELERATORS = ("auto", "tpu", "cpu")
-STRATEGIES = ("auto", "single", "ddp", "spmd")
 # TPU generations whose chips expose two TensorCores as two devices.
 _TWO_CORES_PER_CHIP = ("v2", "v3")
 
@@ -169,19 +168,31 @@ def global_device_count() -> int:
     return int(xr.global_runtime_device_count())
 
 
-def is_master() -> bool:
-    """True in exactly one process of the whole job (the one that logs and writes)."""
-    return global_ordinal() == 0 if not spmd_enabled() else process_index() == 0
+def host_group() -> Any:
+    """A gloo process group over the job's processes, for host-side values (one per job)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        import torch_xla.distributed.xla_backend  # noqa: F401  (registers the xla:// rendezvous)
+
+        dist.init_process_group("gloo", init_method="xla://")
+    return dist.group.WORLD
 
 
-def is_local_master() -> bool:
-    """True in one process per host (the one that prepares host-local files)."""
-    return local_ordinal() == 0 if not spmd_enabled() else True
+def host_all_reduce_max(value: int) -> int:
+    """The largest of every process's `value` (a host-to-host exchange, no device work)."""
+    import torch
+    import torch.distributed as dist
+
+    host_group()
+    tensor = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
 
 
-def spmd_enabled() -> bool:
-    if "torch_xla" not in sys.modules:
-        return False
-    import torch_xla.runtime as xr
+def host_barrier() -> None:
+    """Wait for every process of the job (host side)."""
+    import torch.distributed as dist
 
-    return bool(xr.is_spmd())
+    host_group()
+    dist.barrier()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -39,8 +40,34 @@ def parameter_count(module: nn.Module) -> int:
     return len(list(module.parameters()))
 
 
-def move_to_device(module: nn.Module, device: torch.device | str) -> nn.Module:
-    """Move a module to `device` and restore its weight tying.
+@dataclass(frozen=True)
+class TieReport:
+    """Tied parameter groups found before a move, and distinct parameters before/after."""
+
+    groups: list[list[str]]
+    before: int
+    after: int
+
+    @property
+    def intact(self) -> bool:
+        return self.before == self.after
+
+    def describe(self) -> str:
+        """One line for the start-of-run report."""
+        if not self.groups:
+            return f"tied parameters: none ({self.after} distinct parameters)"
+        names = "; ".join(" = ".join(group) for group in self.groups)
+        state = "re-tied" if self.intact else "NOT all re-tied"
+        return f"tied parameters: {len(self.groups)} group(s) {state} ({names}); " + (
+            f"{self.after} distinct parameters"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {"groups": self.groups, "before": self.before, "after": self.after}
+
+
+def move_and_retie(module: nn.Module, device: torch.device | str) -> TieReport:
+    """Move a module to `device`, restore its weight tying and report what was tied.
 
     Finds shared parameters before the move, re-ties them after, then calls the
     module's `on_post_move_to_device()` hook if it has one. Warns with both counts
@@ -59,6 +86,12 @@ def move_to_device(module: nn.Module, device: torch.device | str) -> nn.Module:
             f"the model had {before} distinct parameters before moving to {device} and "
             f"{after} after: some tied weights are no longer shared; re-tie them in "
             "on_post_move_to_device()",
-            stacklevel=2,
+            stacklevel=3,
         )
+    return TieReport(groups, before, after)
+
+
+def move_to_device(module: nn.Module, device: torch.device | str) -> nn.Module:
+    """Move a module to `device` and restore its weight tying (see `move_and_retie`)."""
+    move_and_retie(module, device)
     return module

@@ -1,4 +1,4 @@
-"""Training: configuration, tasks, the trainer, and entry points that launch it."""
+"""Training: configuration, the loop, evaluation, checkpoints, and entry points that launch them."""
 
 from __future__ import annotations
 
@@ -10,22 +10,31 @@ from torch import nn
 
 from ..core import Plan, Precision, launch, make_plan
 from .config import ConfigError, TrainConfig, build_config
-from .trainer import Trainer
+from .loop import fit
 
-__all__ = ["ConfigError", "TrainConfig", "Trainer", "build_config", "notebook_launch", "train"]
+__all__ = [
+    "ConfigError",
+    "TrainConfig",
+    "build_config",
+    "fit",
+    "notebook_launch",
+    "plan_of",
+    "train",
+]
 
 
-def _train_worker(config: TrainConfig, plan: Plan, model: nn.Module | None) -> dict[str, Any]:
-    return Trainer(config, plan, model=model).fit()
+def plan_of(config: TrainConfig) -> Plan:
+    """The run plan a config asks for (RuntimeConfigError says what to change)."""
+    return make_plan(config.accelerator, config.devices, config.strategy, config.mesh)
 
 
 def train(
     config: TrainConfig, model: nn.Module | None = None, start_method: str = "spawn"
 ) -> dict[str, Any]:
     """Plan and launch a run (one process, one per device, or SPMD); return its summary."""
-    plan = make_plan(config.accelerator, config.devices, config.strategy)
+    plan = plan_of(config)
     Precision.from_name(config.precision).apply_environment()
-    result = launch(_train_worker, plan, args=(config, plan, model), start_method=start_method)
+    result = launch(fit, plan, args=(config, plan, None, model), start_method=start_method)
     if isinstance(result, dict):
         return result
     # Spawned replicas cannot return values: the master wrote the summary.

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
-import random
 import re
 import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from torch import nn
 
-from ..core import ops
+from ..core import Strategy, ops
+from .state import Progress, rng_states
 
 FORMAT = "{{ cookiecutter.package_name }}-checkpoint"
 VERSION = 1
@@ -84,26 +86,46 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def rng_states() -> dict[str, Any]:
-    """Every random generator a run draws from, in a form `weights_only` loading accepts."""
-    py_version, py_state, _ = random.getstate()
-    _, np_keys, np_pos, _, _ = np.random.get_state(legacy=True)  # type: ignore[misc]
-    assert isinstance(np_keys, np.ndarray)
-    return {
-        "python_version": py_version,
-        "python": list(py_state),
-        "numpy": torch.from_numpy(np_keys.astype(np.int64)),
-        "numpy_pos": int(np_pos),
-        "torch": torch.get_rng_state(),
-        "xla": ops.rng_state(),
-    }
+class Checkpointer:
+    """Saves a run's full state: weights, optimizer, schedule, progress and every RNG."""
 
+    def __init__(
+        self,
+        run_dir: str,
+        keep: int,
+        strategy: Strategy,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        config: dict[str, Any],
+        host_read: Callable[[], AbstractContextManager[None]],
+    ) -> None:
+        self.run_dir = run_dir
+        self.keep = keep
+        self.strategy = strategy
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.config = config
+        self.host_read = host_read
 
-def restore_rng_states(rng: dict[str, Any]) -> None:
-    """Put every generator back where `rng_states()` found it."""
-    random.setstate((rng["python_version"], tuple(rng["python"]), None))
-    np.random.set_state(
-        ("MT19937", rng["numpy"].numpy().astype(np.uint32), rng["numpy_pos"], 0, 0.0)
-    )
-    torch.set_rng_state(rng["torch"])
-    ops.set_rng_state(rng["xla"])
+    def state(self, progress: Progress) -> dict[str, Any]:
+        return {
+            "model": ops.to_cpu(self.strategy.model_state_dict(self.model)),
+            "optimizer": ops.to_cpu(self.optimizer.state_dict()),
+            "scheduler": self.scheduler.state_dict(),
+            "progress": progress.to_dict(),
+            "config": self.config,
+            "rng": rng_states(),
+        }
+
+    def save(self, progress: Progress, name: str | None = None) -> Path | None:
+        """Write a checkpoint from the master process; every process waits for it."""
+        ops.sync()
+        path = None
+        if self.strategy.is_master():
+            with self.host_read():
+                state = self.state(progress)
+            path = save_checkpoint(state, self.run_dir, progress.step, self.keep, name)
+        self.strategy.barrier("checkpoint")
+        return path

@@ -27,13 +27,17 @@ class TrainConfig:
     accelerator: str = "auto"
     devices: str = "1"
     strategy: str = "{{ cookiecutter.strategy }}"
+    mesh: str = ""
+    activation_checkpointing: bool = False
     precision: str = "{{ cookiecutter.precision }}"
     max_epochs: int = 3
     max_steps: int = -1
     batch_size: int = 32
     eval_batch_size: int = 64
+    optimizer: str = "adamw"
     lr: float = 3e-3
     weight_decay: float = 0.01
+    optimizer_options: dict[str, Any] = field(default_factory=dict)
     warmup_steps: int = 20
     schedule: str = "cosine"
     grad_accum: int = 1
@@ -84,8 +88,17 @@ class TrainConfig:
             raise ConfigError(
                 f"grad_clip must not be negative (0 disables it), got {self.grad_clip}"
             )
-        if self.schedule not in ("cosine", "linear", "constant"):
-            raise ConfigError(f"unknown schedule {self.schedule!r}: use cosine, linear or constant")
+        from .optim import OPTIMIZERS, SCHEDULES
+
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(
+                f"unknown schedule {self.schedule!r}: use {', '.join(SCHEDULES)}"
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(
+                f"unknown optimizer {self.optimizer!r}: use {', '.join(OPTIMIZERS)} "
+                "(or give the task a configure_optimizer hook)"
+            )
         try:
             Precision.from_name(self.precision)
         except ValueError as error:

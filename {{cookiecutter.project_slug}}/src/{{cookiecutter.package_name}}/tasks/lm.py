@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..core.layers import BlockStack
+
 VOCAB = 256  # bytes: every text has a vocabulary, no tokenizer needed
 
 
@@ -112,7 +114,7 @@ class CharGPT(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, dim)
         self.position = nn.Parameter(torch.zeros(1, seq_len, dim))
-        self.blocks = nn.ModuleList(Block(dim, heads, dropout) for _ in range(layers))
+        self.blocks = BlockStack(Block(dim, heads, dropout) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, VOCAB, bias=False)
         self.head.weight = self.embed.weight  # tied: the move to XLA must keep this
@@ -120,15 +122,14 @@ class CharGPT(nn.Module):
         nn.init.normal_(self.embed.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x) + self.position
-        for block in self.blocks:
-            h = block(h)
+        h = self.blocks(self.embed(x) + self.position)
         return self.head(self.norm(h))
 
 
 @dataclass
 class LanguageModelTask:
     name = "lm"
+    block_class = Block
     data: str = ""
     seq_len: int = 64
     dim: int = 128
@@ -143,34 +144,33 @@ class LanguageModelTask:
         if len(raw) < 4 * (self.seq_len + 1):
             raise ValueError(f"corpus {self.data!r} is too small: {len(raw)} bytes")
         self.tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        self.split = int(len(self.tokens) * (1 - self.eval_fraction))
         self.baseline = unigram_entropy(self.tokens)
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.seq_len
 
     def build_model(self) -> nn.Module:
         return CharGPT(self.seq_len, self.dim, self.layers, self.heads, self.dropout)
 
-    def datasets(self) -> tuple[Windows, Windows]:
-        split = int(len(self.tokens) * (1 - self.eval_fraction))
-        return Windows(self.tokens[:split], self.seq_len), Windows(
-            self.tokens[split:], self.seq_len
-        )
+    def train_dataset(self) -> Windows:
+        return Windows(self.tokens[: self.split], self.seq_len)
+
+    def eval_dataset(self) -> Windows:
+        return Windows(self.tokens[self.split :], self.seq_len)
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         logits = model(batch["x"])
         return F.cross_entropy(logits.flatten(0, 1).float(), batch["y"].flatten())
 
-    def eval_sums(
-        self, model: nn.Module, batch: dict[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
+    def metrics(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         logits = model(batch["x"]).float()
         per_token = F.cross_entropy(logits.transpose(1, 2), batch["y"], reduction="none")
-        valid = batch["valid"].float()
-        return {
-            "loss": (per_token.sum(dim=1) * valid).sum(),
-            "tokens": valid.sum() * self.seq_len,
-        }
+        return {"loss": per_token.mean(dim=1)}
 
-    def finalize(self, sums: dict[str, float]) -> dict[str, float]:
-        loss = sums["loss"] / max(sums["tokens"], 1.0)
+    def summarize(self, means: dict[str, float]) -> dict[str, float]:
+        loss = means["loss"]
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "baseline": self.baseline}
 
 

@@ -70,36 +70,30 @@ class VisionTask:
     def build_model(self) -> nn.Module:
         return SmallCNN(self.classes, self.width)
 
-    def datasets(self) -> tuple[ImageSet, ImageSet]:
+    def _split(self) -> tuple[torch.Tensor, torch.Tensor]:
         order = torch.randperm(
             len(self.labels), generator=torch.Generator().manual_seed(self.split_seed)
         )
         cut = int(len(order) * (1 - self.eval_fraction))
-        train, held = order[:cut], order[cut:]
-        return (
-            ImageSet(self.images[train], self.labels[train]),
-            ImageSet(self.images[held], self.labels[held]),
-        )
+        return order[:cut], order[cut:]
+
+    def train_dataset(self) -> ImageSet:
+        train = self._split()[0]
+        return ImageSet(self.images[train], self.labels[train])
+
+    def eval_dataset(self) -> ImageSet:
+        held = self._split()[1]
+        return ImageSet(self.images[held], self.labels[held])
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return F.cross_entropy(model(batch["x"]).float(), batch["y"])
 
-    def eval_sums(
-        self, model: nn.Module, batch: dict[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
+    def metrics(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         logits = model(batch["x"]).float()
-        valid = batch["valid"].float()
-        per_sample = F.cross_entropy(logits, batch["y"], reduction="none")
-        correct = (logits.argmax(dim=1) == batch["y"]).float()
         return {
-            "loss": (per_sample * valid).sum(),
-            "correct": (correct * valid).sum(),
-            "samples": valid.sum(),
+            "loss": F.cross_entropy(logits, batch["y"], reduction="none"),
+            "accuracy": (logits.argmax(dim=1) == batch["y"]).float(),
         }
-
-    def finalize(self, sums: dict[str, float]) -> dict[str, float]:
-        samples = max(sums["samples"], 1.0)
-        return {"loss": sums["loss"] / samples, "accuracy": sums["correct"] / samples}
 
 
 def make_task(data: str = "", **options: object) -> VisionTask:

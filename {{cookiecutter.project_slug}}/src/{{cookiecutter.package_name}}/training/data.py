@@ -1,0 +1,46 @@
+"""The training data of a run: the task's dataset, sharded for this process, fed to XLA."""
+
+from __future__ import annotations
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from ..core import DeviceFeeder, Strategy, prepare_dataloader
+from ..tasks import Task
+from .config import ConfigError, TrainConfig
+
+
+def training_data(
+    task: Task, strategy: Strategy, config: TrainConfig
+) -> tuple[DeviceFeeder, int | None]:
+    """The device feeder of this process's shard, and optimizer steps per epoch (None: a stream).
+
+    Every process reads its own part: map-style datasets through a DistributedSampler
+    (reshuffled each epoch), streams by taking every replicas-th sample. The ragged last
+    batch is dropped: a smaller batch would compile a new graph.
+    """
+    dataset = task.train_dataset()
+    replicas, rank = strategy.data_layout()
+    per_process = config.batch_size * strategy.local_devices()
+    streaming = isinstance(dataset, IterableDataset)
+    if streaming and config.max_steps < 1:
+        raise ConfigError(
+            "the task's training set is a stream (an IterableDataset) with no length: "
+            "set max_steps instead of max_epochs"
+        )
+    if not streaming:
+        needed = per_process * replicas * config.grad_accum
+        if len(dataset) < needed:  # type: ignore[arg-type]
+            raise ConfigError(
+                f"the training set has {len(dataset)} samples, fewer than one global "  # type: ignore[arg-type]
+                f"batch ({needed}): lower batch_size"
+            )
+    loader = DataLoader(
+        dataset,
+        batch_size=per_process,
+        shuffle=not streaming,
+        drop_last=True,
+        num_workers=config.num_workers,
+    )
+    sharded = prepare_dataloader(loader, replicas, rank, seed=config.seed)
+    feeder = DeviceFeeder(sharded, strategy, cut_steps=False)  # the loop cuts each step
+    return feeder, None if streaming else len(sharded) // config.grad_accum

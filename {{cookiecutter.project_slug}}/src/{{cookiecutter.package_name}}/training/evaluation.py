@@ -1,0 +1,112 @@
+"""Evaluation: the task's per-sample metrics, padding masked, averaged over real samples."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..core import DeviceFeeder, Precision, Strategy, eval_dataloader, ops
+from ..core.data import VALID_KEY
+from ..core.launcher import Plan
+from ..tasks import Task, block_class, load_task, summarize
+from .config import TrainConfig
+
+SAMPLES = "__samples__"  # the count of real samples, kept beside the task's metrics
+
+HostRead = Callable[[], contextlib.AbstractContextManager[None]]
+
+
+class Evaluator:
+    """Runs the eval set through a model: full static batches, each real sample once.
+
+    The loader pads the last batches and flags padded samples in a `valid` key that the
+    task never sees: per-sample metrics are multiplied by it here, summed across
+    replicas on the device, read once, and averaged over the real samples.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        strategy: Strategy,
+        precision: Precision,
+        config: TrainConfig,
+        host_read: HostRead = contextlib.nullcontext,
+    ) -> None:
+        self.task = task
+        self.strategy = strategy
+        self.precision = precision
+        self.host_read = host_read
+        replicas, rank = strategy.data_layout()
+        loader = eval_dataloader(
+            task.eval_dataset(),
+            config.eval_batch_size * strategy.local_devices(),
+            replicas,
+            rank,
+            num_workers=config.num_workers,
+        )
+        self.feeder = DeviceFeeder(loader, strategy)
+        self.runs = 0
+
+    def __call__(self, model: nn.Module) -> dict[str, float]:
+        """Metrics of `model` over the whole eval set (the model is left in train mode)."""
+        model.eval()
+        self.runs += 1
+        sums: dict[str, torch.Tensor] | None = None
+        # XLA_USE_BF16 stores every device float as bf16 (4096 + 1 == 4096), so the
+        # legacy mode sums on the host instead, at one transfer per eval batch.
+        host: dict[str, float] = {}
+        with torch.no_grad():
+            for batch in self.feeder.epoch(0):
+                part = self._batch_sums(model, batch)
+                if self.precision.legacy_env:
+                    with self.host_read():
+                        for key, value in part.items():
+                            total = self.strategy.all_reduce_sum(value)
+                            host[key] = host.get(key, 0.0) + float(total.item())
+                    continue
+                if sums is None:
+                    # Host zeros of shape (1,) arrive as device data (0-d ones would be
+                    # constants), like later batches' sums: every batch runs one graph.
+                    device = next(iter(part.values())).device
+                    sums = {k: torch.zeros(1, dtype=torch.float32).to(device) for k in part}
+                sums = {k: sums[k] + part[k] for k in sums}
+        model.train()
+        if sums is not None:
+            reduced = {k: self.strategy.all_reduce_sum(v) for k, v in sums.items()}
+            ops.sync()
+            with self.host_read():
+                host = {k: float(v.item()) for k, v in reduced.items()}
+        count = max(host.pop(SAMPLES, 0.0), 1.0)
+        return summarize(self.task, {key: value / count for key, value in host.items()})
+
+    def _batch_sums(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The batch's metric sums over its real samples, and their count."""
+        valid = batch[VALID_KEY].float()
+        inputs = self.precision.convert_batch({k: v for k, v in batch.items() if k != VALID_KEY})
+        with self.precision.forward_context():
+            per_sample = self.task.metrics(model, inputs)
+        rows = valid.shape[0]
+        for key, value in per_sample.items():
+            if value.shape != (rows,):
+                raise ValueError(
+                    f"metric {key!r} has shape {tuple(value.shape)}, but metrics are per "
+                    f"sample: return one value per sample, shape ({rows},)"
+                )
+        sums = {key: (value.float() * valid).sum() for key, value in per_sample.items()}
+        sums[SAMPLES] = valid.sum()
+        return sums
+
+
+def evaluate_checkpoint(config: TrainConfig, plan: Plan, state: dict[str, Any]) -> dict[str, float]:
+    """A checkpoint's eval metrics under any plan: no optimizer, no training data."""
+    precision = Precision.from_name(config.precision)
+    task = load_task(config.task, config.data, config.task_options)
+    model = task.build_model()
+    model.load_state_dict(state["model"])
+    precision.convert_module(model)
+    model, _ = plan.strategy.setup_model(model, block_class(task, model))
+    return Evaluator(task, plan.strategy, precision, config)(model)

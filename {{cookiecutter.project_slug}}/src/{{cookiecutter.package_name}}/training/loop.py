@@ -1,0 +1,229 @@
+"""The training loop, top to bottom: set-up, the step, then the cadence of log, eval, save, stop."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..core import Plan, Precision, Strategy, memory, ops, runtime
+from ..tasks import Task, block_class, load_task
+from .checkpoint import Checkpointer, latest_checkpoint, load_checkpoint
+from .config import ConfigError, TrainConfig
+from .data import training_data
+from .diagnostics import Diagnostics
+from .evaluation import Evaluator
+from .optim import build_optimizer, build_scheduler
+from .reporting import Reporter
+from .state import Progress, restore_rng_states
+from .watch import RunWatch
+
+
+@dataclass
+class TrainStep:
+    """One micro-batch forward and backward; the optimizer steps on the last micro-batch."""
+
+    task: Task
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    strategy: Strategy
+    precision: Precision
+    config: TrainConfig
+
+    def __call__(self, batch: dict[str, torch.Tensor], last_micro: bool) -> torch.Tensor:
+        batch = self.precision.convert_batch(batch)
+        with self.precision.forward_context():
+            loss = self.task.loss(self.model, batch)
+        accum = self.config.grad_accum
+        (loss / accum if accum > 1 else loss).backward()  # `/ 1` would still be a graph node
+        if last_micro:
+            self.strategy.reduce_gradients(self.optimizer)
+            if self.config.grad_clip:  # after the cross-replica reduction
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach().float()
+
+
+class Preemption:
+    """SIGTERM (a spot TPU being reclaimed) asks the run to save and stop."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __enter__(self) -> Preemption:
+        self.previous = signal.signal(signal.SIGTERM, self._request)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGTERM, self.previous)
+
+    def _request(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+
+def due(every: int, step: int) -> bool:
+    return bool(every) and step % every == 0
+
+
+def fit(
+    config: TrainConfig,
+    plan: Plan,
+    task: Task | None = None,
+    model: nn.Module | None = None,
+    guard_after: int | None = None,
+) -> dict[str, Any]:
+    """Train to the configured length (or until SIGTERM) and return the run's summary."""
+    cfg, strategy = config, plan.strategy
+    precision = Precision.from_name(cfg.precision)
+    task = task or load_task(cfg.task, cfg.data, cfg.task_options)
+
+    # ---- set-up --------------------------------------------------------------------
+    ops.seed_host(cfg.seed)  # the model's initial weights depend on it
+    model = model if model is not None else task.build_model()
+    found = latest_checkpoint(cfg.run_dir) if cfg.resume else None
+    resume = load_checkpoint(found) if found else None
+    ops.initialize_compile_cache(cfg.compile_cache, readonly=not strategy.is_local_master())
+    ops.set_rng_state(cfg.seed)
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+    precision.convert_module(model)
+    blocks = block_class(task, model)
+    model, ties = strategy.setup_model(model, blocks, cfg.activation_checkpointing)
+    optimizer = build_optimizer(model, cfg, task)  # after the move: it holds device tensors
+    train_feeder, steps_per_epoch = training_data(task, strategy, cfg)
+    total = cfg.max_steps if cfg.max_steps > 0 else (steps_per_epoch or 0) * cfg.max_epochs
+    scheduler = build_scheduler(optimizer, cfg, total)
+    progress = Progress()
+    if resume is not None:
+        optimizer.load_state_dict(resume["optimizer"])
+        scheduler.load_state_dict(resume["scheduler"])
+        progress = Progress.from_dict(resume["progress"])
+        restore_rng_states(resume["rng"])
+    ops.prime_optimizer_state(optimizer)
+    strategy.place_optimizer_state(optimizer)
+    ops.sync()
+
+    master = strategy.is_master()
+    watch = RunWatch(guard_after, evaluates=bool(cfg.eval_every))
+    evaluate = Evaluator(task, strategy, precision, cfg, watch.host_read)
+    reporter = Reporter(Path(cfg.run_dir), total, master)
+    diagnostics = Diagnostics(
+        Path(cfg.run_dir), cfg.profile_steps, cfg.profile_port, cfg.metrics_report, master
+    )
+    saver = Checkpointer(
+        cfg.run_dir, cfg.keep_checkpoints, strategy, model, optimizer, scheduler,
+        cfg.to_dict(), watch.host_read,
+    )  # fmt: skip
+    step = TrainStep(task, model, optimizer, scheduler, strategy, precision, cfg)
+    global_batch = cfg.batch_size * strategy.local_devices() * strategy.data_layout()[0]
+    state_bytes = memory.state_memory(model, optimizer)
+    reporter.line(f"{strategy.describe()}; global batch {global_batch}, {precision.name}")
+    reporter.line(ties.describe())
+    reporter.line(memory.describe(state_bytes, memory.device_peak_bytes(runtime.device())))
+
+    # ---- the loop ------------------------------------------------------------------
+    def log_loss(at: int, loss: torch.Tensor, lr: float) -> None:
+        with watch.host_read():
+            value = float(loss.item())
+        progress.losses.append((at, value))
+        reporter.scalars(at, {"loss": value, "lr": lr}, "train")
+
+    cadence = max(1, cfg.log_every)  # of host reads: loss logging and the stop agreement
+    eval_metrics: dict[str, float] = {}
+    evaluated_at = None
+    status = "completed"
+    if progress.step:
+        reporter.line(f"resuming at step {progress.step} (epoch {progress.epoch})")
+    with Preemption() as preemption:
+        watch.loop_started(progress.step)
+        while progress.step < total and status == "completed":
+            micro: list[torch.Tensor] = []  # losses of the step's micro-batches so far
+            stepped = progress.step
+            skip = progress.batches_done * cfg.grad_accum
+            for batch in train_feeder.epoch(progress.epoch, skip):
+                micro.append(step(batch, last_micro=len(micro) + 1 == cfg.grad_accum))
+                if len(micro) < cfg.grad_accum:
+                    continue
+                loss = micro[0] if len(micro) == 1 else torch.stack(micro).mean()
+                micro = []
+                progress.step += 1
+                progress.batches_done += 1
+                at = progress.step
+                if cfg.log_every and (due(cfg.log_every, at) or at == total):
+                    lr = scheduler.get_last_lr()[0]
+                    ops.add_step_closure(log_loss, (at, loss, lr))  # runs after the step
+                    watch.check(at)  # fail fast, on the logging cadence
+                ops.sync()  # one graph per optimizer step, however many micro-batches
+                if due(cfg.eval_every, at):
+                    eval_metrics, evaluated_at = evaluate(model), at
+                    reporter.scalars(at, eval_metrics, "eval")
+                    # Every process holds the same reduced value: they take the same branch.
+                    if eval_metrics["loss"] < progress.best:
+                        progress.best = eval_metrics["loss"]
+                        if cfg.checkpoint_every:
+                            saver.save(progress, "best.pt")
+                if due(cfg.checkpoint_every, at):
+                    saver.save(progress)
+                watch.after_step(at, evaluate.runs)
+                diagnostics.after_step(at, watch.clock)
+                # Processes must agree to stop, or one would wait forever in a collective.
+                with watch.host_read():
+                    stopping = strategy.agree_to_stop(preemption.requested, due(cadence, at))
+                if stopping:
+                    status = "preempted"
+                    break
+                if at >= total:
+                    break
+            else:
+                if progress.step == stepped:  # a stream that ran dry: it would loop forever
+                    raise ConfigError(
+                        f"epoch {progress.epoch} of the training data has no full batch"
+                    )
+                progress.epoch += 1
+                progress.batches_done = 0
+    watch.loop_ended()
+
+    # ---- the end -------------------------------------------------------------------
+    rate = watch.steps_per_second(progress.step)
+    if status == "completed" and evaluated_at != progress.step:
+        eval_metrics = evaluate(model)
+        reporter.scalars(progress.step, eval_metrics, "eval")
+    saver.save(progress)
+    summary: dict[str, Any] = {
+        "status": status,
+        "steps": progress.step,
+        "epochs": progress.epoch,
+        "final_train_loss": progress.losses[-1][1] if progress.losses else None,
+        "train_losses": [list(item) for item in progress.losses],
+        "eval": eval_metrics,
+        **watch.counters(),
+        "steps_per_second": round(rate, 3),
+        "accelerator": plan.accelerator,
+        "strategy": strategy.name,
+        "devices": runtime.global_device_count(),
+        "precision": precision.name,
+        "global_batch": global_batch,
+        "tied_parameters": ties.to_dict(),
+        "memory": {**state_bytes, "device_peak_bytes": memory.device_peak_bytes(runtime.device())},
+        "run_dir": str(cfg.run_dir),
+    }
+    graphs = 1 + (1 if cfg.eval_every else 0)
+    summary.update(
+        diagnostics.finish(watch.loop_counters(), progress.step - watch.start_step, graphs)
+    )
+    for finding in summary.get("diagnosis", []):
+        reporter.line(f"diagnosis: {finding}")
+    for key in ("metrics_report", "profile"):
+        if key in summary:
+            reporter.line(f"{key.replace('_', ' ')}: {summary[key]}")
+    path = reporter.summary(summary)
+    if path is not None:
+        reporter.line(f"{status}: {progress.step} steps; summary written to {path}")
+    return summary

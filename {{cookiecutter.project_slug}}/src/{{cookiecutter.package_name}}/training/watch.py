@@ -1,0 +1,104 @@
+"""Watching a run: host reads the guard allows, the XLA guard, the step clock, the summary."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ..core import health, ops
+
+# Steps before the step clock starts: the first ones compile.
+TIMED_AFTER = 3
+
+
+class RunWatch:
+    """Counts what XLA does during the loop and fails fast when it goes wrong.
+
+    `guard_after=N` arms an `XlaGuard` once N steps (and, if the run evaluates, one
+    eval) have run: from then a new graph, a CPU fallback op or a device read outside
+    `host_read()` raises `XlaHealthError` at the next logging step.
+    """
+
+    def __init__(self, guard_after: int | None, evaluates: bool) -> None:
+        self.guard_after = guard_after
+        self.evaluates = evaluates
+        self.guard: health.XlaGuard | None = None
+        self.guard_armed_at: int | None = None
+        self.guard_result: dict[str, int] | None = None
+        self.clock: tuple[int, float] | None = None  # (step, time) the clock started at
+        self.start = health.snapshot()
+        self.start_step = 0
+        self.loop: health.HealthSnapshot | None = None
+
+    @contextlib.contextmanager
+    def host_read(self) -> Iterator[None]:
+        """A deliberate device-to-host read: the armed guard allows the transfers it makes."""
+        guard = self.guard
+        before = health.transfer_count() if guard is not None else 0
+        yield
+        if guard is not None:
+            guard.allow(health.transfer_count() - before)
+
+    def loop_started(self, step: int) -> None:
+        ops.sync()
+        self.start = health.snapshot()
+        self.start_step = step
+
+    def after_step(self, step: int, evaluations: int) -> None:
+        """Start the clock after warm-up; arm the guard once the run is warm."""
+        if self.clock is None and step >= TIMED_AFTER:
+            ops.sync()
+            ops.wait()
+            self.clock = (step, time.perf_counter())
+        warm = self.guard_after is not None and step >= self.guard_after
+        if self.guard is None and warm and (not self.evaluates or evaluations > 0):
+            self.guard = health.XlaGuard()
+            self.guard.__enter__()
+            self.guard_armed_at = step
+
+    def check(self, step: int) -> None:
+        """Raise XlaHealthError now if the armed guard saw a problem (logging cadence)."""
+        if self.guard is not None:
+            try:
+                self.guard.check()
+            except health.XlaHealthError as error:
+                raise health.XlaHealthError(f"step {step}: {error}") from None
+
+    def loop_ended(self) -> None:
+        """Close the loop's window: its counters, and the guard's verdict."""
+        self.loop = health.snapshot().since(self.start)
+        guard = self.guard
+        if guard is not None:
+            guard.check()
+            assert guard.delta is not None and self.guard_armed_at is not None
+            self.guard_result = {
+                "armed_at_step": self.guard_armed_at,
+                "compilations": guard.delta.compilations,
+                "transfers": guard.delta.transfers,
+                "allowed_transfers": guard.allowed_transfers,
+            }
+            self.guard = None  # the final eval and save are outside the window
+
+    def loop_counters(self) -> health.HealthSnapshot:
+        """The loop's XLA counters (the whole run's until the loop has ended)."""
+        return self.loop or health.snapshot().since(self.start)
+
+    def steps_per_second(self, step: int) -> float:
+        ops.wait()
+        if self.clock is None or step <= self.clock[0]:
+            return 0.0
+        return (step - self.clock[0]) / (time.perf_counter() - self.clock[1])
+
+    def counters(self) -> dict[str, Any]:
+        """XLA counters of the whole run and of the loop alone, for the summary."""
+        whole = health.snapshot().since(self.start)
+        loop = self.loop_counters()
+        return {
+            "compilations": whole.compilations,
+            "fallback_ops": whole.fallback_ops,
+            "loop_transfers": loop.transfers,
+            "loop_compilations": loop.compilations,
+            "guard": self.guard_result,
+        }

@@ -1,0 +1,136 @@
+"""FSDP on 8 XLA:CPU devices trains like one device, on an eighth of the memory each."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from training_helpers import cli, popen, write_config
+
+STEPS = 20
+GLOBAL_BATCH = 32
+FSDP = ("--devices", "8", "--strategy", "fsdp", "--batch-size", str(GLOBAL_BATCH // 8))
+# Losses are sums over a different order of float additions on 8 shards: equal to
+# rounding, far inside the 2e-3 the project promises.
+TOLERANCE = 2e-3
+
+
+def train(folder: Path, *args: str, **overrides: Any) -> dict[str, Any]:
+    """A tiny run logging every step's loss; its summary."""
+    config = write_config(folder, max_steps=STEPS, log_every=1, seed=3, **overrides)
+    run_dir = folder / "run"
+    result = cli("train", "--config", str(config), "--run-dir", str(run_dir), *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(json.loads((run_dir / "summary.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return train(tmp_path_factory.mktemp("fsdp"), *FSDP)
+
+
+def test_fsdp_losses_match_one_device(fsdp_run: dict[str, Any], tmp_path: Path) -> None:
+    """It gives every step the loss of one device with the same global batch."""
+    single = train(tmp_path, "--devices", "1", "--batch-size", str(GLOBAL_BATCH))
+
+    assert fsdp_run["strategy"] == "fsdp" and fsdp_run["devices"] == 8
+    assert fsdp_run["global_batch"] == single["global_batch"] == GLOBAL_BATCH
+    steps = [step for step, _ in single["train_losses"]]
+    assert [step for step, _ in fsdp_run["train_losses"]] == steps == list(range(1, STEPS + 1))
+    for (_, sharded), (step, reference) in zip(
+        fsdp_run["train_losses"], single["train_losses"], strict=True
+    ):
+        assert sharded == pytest.approx(reference, rel=TOLERANCE), step
+    assert fsdp_run["loop_compilations"] == 1
+
+
+def test_fsdp_holds_an_eighth_of_the_state_per_device(
+    fsdp_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """It keeps parameters and AdamW state sharded: about 1/8 per device of what spmd keeps."""
+    spmd = train(tmp_path, "--devices", "8", "--strategy", "spmd", "--max-steps", "1")
+    sharded, replicated = fsdp_run["memory"], spmd["memory"]
+
+    assert replicated["state_bytes_per_device"] == replicated["state_bytes_total"]
+    assert sharded["state_bytes_total"] == replicated["state_bytes_total"]
+    ratio = sharded["state_bytes_per_device"] / replicated["state_bytes_per_device"]
+    assert 1 / 8 <= ratio < 1.3 / 8, ratio  # shards of odd sizes are padded
+    assert sharded["optimizer_bytes_total"] == 2 * sharded["param_bytes_total"]  # AdamW
+
+
+def test_fsdp_keeps_tied_weights_one_parameter(fsdp_run: dict[str, Any]) -> None:
+    """It reports the tied groups it re-tied, with the same count before and after."""
+    ties = fsdp_run["tied_parameters"]
+    assert ties["before"] == ties["after"]
+{%- if cookiecutter.example_task == "lm" %}
+    assert ties["groups"] == [["embed.weight", "head.weight"]]
+{%- endif %}
+
+
+def test_fsdp_sigterm_then_resume_matches_the_uninterrupted_run(
+    fsdp_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """It stops on SIGTERM, and the resumed losses equal the uninterrupted run's exactly."""
+    config = write_config(tmp_path, max_steps=STEPS, log_every=1, seed=3)
+    run_dir = tmp_path / "run"
+    args = ("train", "--config", str(config), "--run-dir", str(run_dir), *FSDP)
+    process = popen(*args)
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "step 6 train" in line:
+            process.send_signal(signal.SIGTERM)
+            break
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    stopped = json.loads((run_dir / "summary.json").read_text())
+    assert stopped["status"] == "preempted" and 6 <= stopped["steps"] < STEPS
+
+    resumed = cli(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["train_losses"] == fsdp_run["train_losses"]
+
+
+def guarded_fit(precision: str, grad_accum: int) -> dict[str, Any]:
+    """Fit under fsdp x8 with the XLA guard armed after warm-up (child process)."""
+    import tempfile
+
+    from {{ cookiecutter.package_name }}.core import launch
+    from {{ cookiecutter.package_name }}.training import build_config, fit, plan_of
+
+    from training_helpers import TINY
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        settings = {**TINY, "accelerator": "cpu", "devices": "8", "strategy": "fsdp"}
+        config = build_config(
+            None,
+            {**settings, "precision": precision, "grad_accum": grad_accum, "max_steps": 12,
+             "eval_every": 4, "log_every": 2, "batch_size": 2, "run_dir": run_dir},
+        )  # fmt: skip
+        plan = plan_of(config)
+        return dict(launch(fit, plan, (config, plan, None, None, 4)))
+
+
+@pytest.mark.parametrize(
+    "precision,grad_accum", [("bf16-mixed", 1), ("32-true", 2)], ids=["bf16-mixed", "accum-2"]
+)
+def test_fsdp_compiles_one_graph_per_step_kind(
+    precision: str, grad_accum: int, python_subprocess: Any
+) -> None:
+    """It runs bf16-mixed and gradient accumulation under fsdp with no graph after warm-up."""
+    summary = python_subprocess([__file__, precision, str(grad_accum)], env={})
+
+    guard = summary["guard"]
+    assert guard is not None and guard["compilations"] == 0, guard
+    assert summary["loop_compilations"] == 2  # one train step graph, one eval step graph
+    assert summary["precision"] == precision and summary["fallback_ops"] == {}
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    print(json.dumps(guarded_fit(sys.argv[1], int(sys.argv[2]))))
