@@ -1,10 +1,13 @@
 """Steps/s of the training loop beside a hand-written torch_xla loop and Accelerate, on XLA:CPU.
 
-    python benchmarks/bench.py [--workloads mlp,task,spmd] [--rounds 5] [--out runs/bench]
+    python benchmarks/bench.py [--workloads mlp,task,spmd,fsdp] [--rounds 5] [--out runs/bench]
 
-Every contender trains the same model on the same data with the same batch size,
-precision (fp32), device and math (AdamW, warm-up + cosine schedule, gradient
-clipping at 1.0, the loss read every 20 steps). Within one workload all contenders run
+Workloads: an MLP on one device, the example task on one device, the MLP data parallel
+on 8 SPMD devices, and the example task under FSDP on 8 devices (its hand-written
+contender is an FSDPv2 loop as torch_xla documents it). Every contender trains the
+same model on the same data with the same batch size, precision (fp32), device and
+math (AdamW, warm-up + cosine schedule, gradient clipping at 1.0, the loss read every
+20 steps). Within one workload all contenders run
 in one process, in turn, for several rounds; the first 3 steps of every run (where
 graphs compile) are not timed. XLA health (graphs compiled, CPU fallback ops,
 device-to-host transfers) is read from a cold run of each contender in a fresh process,
@@ -30,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from {{ cookiecutter.package_name }}.core import health, make_plan
+from {{ cookiecutter.package_name }}.core import health, make_plan, move_to_device
 from {{ cookiecutter.package_name }}.core.launcher import launch
 from {{ cookiecutter.package_name }}.tasks import load_task
 from {{ cookiecutter.package_name }}.training import TrainConfig, fit
@@ -44,7 +47,10 @@ WORKLOADS = {
     "mlp": (128, 5, 1, ("hand-written", "trainer", "accelerate")),
     "task": (43, 3, 1, ("hand-written", "trainer", "accelerate")),
     "spmd": (64, 3, 8, ("hand-written", "trainer")),
+    "fsdp": (32, 3, 8, ("hand-written", "trainer")),
 }
+STRATEGY = {"spmd": "spmd", "fsdp": "fsdp"}  # workload -> strategy; the rest: one device
+FSDP_BATCH = 4  # per device: the task's global batch of 32 over 8 devices
 
 
 class Pairs(Dataset[dict[str, torch.Tensor]]):
@@ -89,7 +95,7 @@ def make_workload(name: str) -> Any:
     if name in ("mlp", "spmd"):
         return MlpTask()
     task = load_task(CONFIG.task)
-    task.batch_size = CONFIG.batch_size
+    task.batch_size = FSDP_BATCH if name == "fsdp" else CONFIG.batch_size
     return task
 
 
@@ -135,8 +141,10 @@ def optimizer_and_schedule(model: nn.Module, total: int) -> tuple[Any, Any]:
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
-def hand_written(task: Any, total: int, devices: int) -> dict[str, Any]:
+def hand_written(task: Any, total: int, devices: int, workload: str) -> dict[str, Any]:
     """The loop of torch_xla's examples: MpDeviceLoader, xm.optimizer_step, step closures."""
+    if workload == "fsdp":
+        return hand_written_fsdp(task, total, devices)
     import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.distributed.parallel_loader as pl
@@ -178,7 +186,56 @@ def hand_written(task: Any, total: int, devices: int) -> dict[str, Any]:
     return clock.result()
 
 
-def accelerate_loop(task: Any, total: int, devices: int) -> dict[str, Any]:
+def hand_written_fsdp(task: Any, total: int, devices: int) -> dict[str, Any]:
+    """FSDPv2 as its documentation writes it: wrap each block, shard the batch, step."""
+    import functools
+
+    import numpy as np
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.parallel_loader as pl
+    import torch_xla.distributed.spmd as xs
+    from torch_xla.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from torch_xla.experimental.spmd_fully_sharded_data_parallel import (
+        SpmdFullyShardedDataParallel as FSDPv2,
+    )
+
+    device = torch_xla.device()
+    mesh = xs.Mesh(np.arange(devices), (devices,), ("fsdp",))
+    torch.manual_seed(CONFIG.seed)
+    model = move_to_device(task.build_model(), device)  # keeps the tied embedding tied
+    block = getattr(task, "block_class", None)
+    policy = block and functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={block})
+    model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy)
+    optimizer, scheduler = optimizer_and_schedule(model, total)
+    loader = DataLoader(
+        task.train_dataset(), batch_size=task.batch_size * devices, shuffle=True, drop_last=True
+    )
+    sample = next(iter(loader))
+    sharding = {
+        k: xs.ShardingSpec(mesh, ("fsdp",) + (None,) * (v.dim() - 1)) for k, v in sample.items()
+    }
+    losses: list[float] = []
+    clock, step = Clock(total), 0
+    while step < total:
+        for batch in pl.MpDeviceLoader(loader, device, input_sharding=sharding):
+            optimizer.zero_grad()
+            loss = task.loss(model, batch)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), CONFIG.grad_clip)
+            optimizer.step()  # under SPMD the compiler inserts the reductions
+            scheduler.step()
+            step += 1
+            if step % LOG_EVERY == 0 or step == total:
+                xm.add_step_closure(lambda value: losses.append(value.item()), args=(loss,))
+            clock.step(step)
+            if step == total:
+                break
+    torch_xla.sync()
+    return clock.result()
+
+
+def accelerate_loop(task: Any, total: int, devices: int, workload: str) -> dict[str, Any]:
     """Accelerate's loop; the loss is read one step late, after the loader's sync."""
     from accelerate import Accelerator
 
@@ -218,9 +275,9 @@ def accelerate_loop(task: Any, total: int, devices: int) -> dict[str, Any]:
     return clock.result()
 
 
-def trainer(task: Any, total: int, devices: int) -> dict[str, Any]:
+def trainer(task: Any, total: int, devices: int, workload: str) -> dict[str, Any]:
     """The training loop through its public API, default features on, eval off."""
-    strategy = "spmd" if devices > 1 else "single"
+    strategy = STRATEGY.get(workload, "single")
     with tempfile.TemporaryDirectory() as run_dir:
         config = TrainConfig(
             task=task.name,
@@ -244,7 +301,7 @@ def trainer(task: Any, total: int, devices: int) -> dict[str, Any]:
     }
 
 
-CONTENDERS: dict[str, Callable[[Any, int, int], dict[str, Any]]] = {
+CONTENDERS: dict[str, Callable[[Any, int, int, str], dict[str, Any]]] = {
     "hand-written": hand_written,
     "trainer": trainer,
     "accelerate": accelerate_loop,
@@ -258,7 +315,7 @@ def worker(workload: str, contenders: list[str], rounds: int) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
     for _ in range(rounds):
         for name in contenders:
-            runs[name].append(CONTENDERS[name](task, total, devices))
+            runs[name].append(CONTENDERS[name](task, total, devices, workload))
     return runs
 
 
@@ -313,7 +370,7 @@ def table(rows: list[dict[str, Any]], task_name: str) -> str:
         "| fallback ops | transfers/step | outside logging |",
         "| --- | --- | ---: | --- | ---: | ---: | --- | ---: | ---: |",
     ]
-    names = {"task": task_name, "spmd": "spmd mlp x8"}
+    names = {"task": task_name, "spmd": "spmd mlp x8", "fsdp": f"fsdp {task_name} x8"}
     by_workload: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_workload.setdefault(row["workload"], []).append(row)
@@ -333,7 +390,7 @@ def table(rows: list[dict[str, Any]], task_name: str) -> str:
         if all(row["contender"] != "accelerate" for row in group):
             lines.append(
                 f"| {label} | accelerate | n/a | | | | | | |"
-                if workload != "spmd"
+                if workload not in STRATEGY
                 else f"| {label} | accelerate | n/a: no XLA:CPU SPMD path | | | | | | |"
             )
     return "\n".join(lines)
@@ -371,7 +428,7 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="mlp,task,spmd")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--rounds", type=int, default=None, help="override rounds per workload")
     parser.add_argument("--out", default="runs/bench")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -379,8 +436,8 @@ def main() -> int:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        if args.worker == "spmd":
-            plan = make_plan("cpu", WORKLOADS["spmd"][2], "spmd")
+        if args.worker in STRATEGY:  # SPMD is process-wide: on for every contender
+            plan = make_plan("cpu", WORKLOADS[args.worker][2], "spmd")
             runs = launch(worker, plan, args=(args.worker, args.contenders.split(","), args.rounds))
         else:
             runs = worker(args.worker, args.contenders.split(","), args.rounds)

@@ -40,7 +40,10 @@ def test_inventory_names_tests_that_exist() -> None:
 def test_readme_training_commands_run(tmp_path: Path) -> None:
     """It runs the README's train, config show and eval commands (shortened) on XLA:CPU."""
     slug = "{{ cookiecutter.project_slug }} "
-    commands = {c.split()[1]: c for c in readme_commands(TEXT) if c.startswith(slug)}
+    commands: dict[str, str] = {}
+    for command in readme_commands(TEXT):  # the first command of each kind
+        if command.startswith(slug):
+            commands.setdefault(command.split()[1], command)
     config = write_config(tmp_path, max_steps=2, log_every=1)
     run_dir = tmp_path / "run"
 
