@@ -18,7 +18,10 @@ runner = CliRunner()
 
 @pytest.mark.parametrize(
     "command",
-    [[], ["train"], ["eval"], ["profile"], ["debug"], ["doctor"], ["pod"], ["config", "show"]],
+    [
+        [], ["train"], ["eval"], ["export"], ["profile"], ["debug"], ["doctor"], ["pod"],
+        ["config", "show"],
+    ],
 )
 def test_every_command_has_help(command: list[str]) -> None:
     """It prints usage for every command."""
@@ -37,14 +40,24 @@ def test_config_show_applies_file_then_overrides(tmp_path: Path) -> None:
 
 
 def _foreign_checkpoint(tmp_path: Path) -> Path:
-    path = tmp_path / "foreign.pt"
-    torch.save({"state_dict": {}}, path)
+    """A torch.distributed.checkpoint folder that some other program wrote."""
+    import torch.distributed.checkpoint as dcp
+
+    path = tmp_path / "foreign"
+    dcp.save({"weights": torch.zeros(3), "format": "other"}, checkpoint_id=str(path))
     return path
 
 
 def _garbage_checkpoint(tmp_path: Path) -> Path:
-    path = tmp_path / "garbage.pt"
-    path.write_bytes(b"not a checkpoint")
+    path = tmp_path / "garbage"
+    path.mkdir()
+    (path / ".metadata").write_bytes(b"not a checkpoint")
+    return path
+
+
+def _empty_directory(tmp_path: Path) -> Path:
+    path = tmp_path / "empty"
+    path.mkdir()
     return path
 
 
@@ -88,21 +101,41 @@ def test_config_file_with_unknown_key_fails(tmp_path: Path) -> None:
     assert "unknown config key 'optimiser'" in result.stderr
 
 
+@pytest.mark.parametrize("command", ["eval", "export"])
 @pytest.mark.parametrize(
     "make,message",
     [
         (_foreign_checkpoint, "is not a checkpoint of this project"),
         (_garbage_checkpoint, "cannot read checkpoint"),
-        (lambda tmp: tmp / "missing.pt", "does not exist"),
+        (_empty_directory, "neither a checkpoint nor a directory holding one"),
+        (lambda tmp: tmp / "missing", "does not exist"),
     ],
-    ids=["foreign", "unreadable", "missing"],
+    ids=["foreign", "unreadable", "empty-directory", "missing"],
 )
-def test_bad_checkpoint_fails_with_one_line(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
-    """It refuses foreign, corrupt and missing checkpoints with one line and exit code 2."""
-    result = runner.invoke(app, ["eval", "--checkpoint", str(make(tmp_path))])
+def test_bad_checkpoint_fails_with_one_line(  # type: ignore[no-untyped-def]
+    tmp_path: Path, command: str, make, message: str
+) -> None:
+    """It refuses foreign, corrupt, empty and missing checkpoints with one line, exit code 2."""
+    extra = ["--out", str(tmp_path / "out.safetensors")] if command == "export" else []
+    result = runner.invoke(app, [command, "--checkpoint", str(make(tmp_path)), *extra])
     assert result.exit_code == 2
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_unwritable_run_dir_fails_with_one_line(tmp_path: Path) -> None:
+    """It refuses a run directory below a file before anything starts."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = runner.invoke(
+        app, ["train", "--accelerator", "cpu", "--run-dir", str(blocker / "run")]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: cannot write to run_dir {str(blocker / 'run')!r}: "
+        f"{str(blocker)!r} is a file, not a directory"
+    ]
 
 
 def test_console_module_runs_as_python_m() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from training_helpers import cli, popen, write_config
+from training_helpers import cli, popen, wait_for, write_config
 
 STEPS = 20
 GLOBAL_BATCH = 32
@@ -80,17 +80,14 @@ def test_fsdp_sigterm_then_resume_matches_the_uninterrupted_run(
     run_dir = tmp_path / "run"
     args = ("train", "--config", str(config), "--run-dir", str(run_dir), *FSDP)
     process = popen(*args)
-    assert process.stdout is not None
-    for line in process.stdout:
-        if "step 6 train" in line:
-            process.send_signal(signal.SIGTERM)
-            break
+    wait_for(process, "step 6 train")
+    process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
     stopped = json.loads((run_dir / "summary.json").read_text())
     assert stopped["status"] == "preempted" and 6 <= stopped["steps"] < STEPS
 
-    resumed = cli(*args, "--resume")
+    resumed = cli(*args, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["train_losses"] == fsdp_run["train_losses"]

@@ -59,8 +59,13 @@ def test_readme_training_commands_run(tmp_path: Path) -> None:
     trained = cli(*args_of("train"), "--run-dir", str(run_dir), "--set", "log_every=1")
     assert trained.returncode == 0, trained.stderr
     eval_words = args_of("eval")
-    checkpoint = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
-    eval_words[eval_words.index("--checkpoint") + 1] = str(checkpoint)
+    eval_words[eval_words.index("--checkpoint") + 1] = str(run_dir / "checkpoints")
     evaluated = cli(*eval_words)
     assert evaluated.returncode == 0, evaluated.stderr
     assert "loss" in json.loads(evaluated.stdout)
+    export_words = args_of("export")
+    export_words[export_words.index("--checkpoint") + 1] = str(run_dir / "checkpoints")
+    export_words[export_words.index("--out") + 1] = str(tmp_path / "model.safetensors")
+    exported = cli(*export_words)
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "model.safetensors").stat().st_size > 0

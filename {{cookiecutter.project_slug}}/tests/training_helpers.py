@@ -54,3 +54,14 @@ def popen(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         command, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+
+
+def wait_for(process: subprocess.Popen[str], marker: str) -> list[str]:
+    """Read the process's output until a line contains `marker`."""
+    seen = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        seen.append(line)
+        if marker in line:
+            return seen
+    raise AssertionError(f"{marker!r} never printed:\n{''.join(seen)}")

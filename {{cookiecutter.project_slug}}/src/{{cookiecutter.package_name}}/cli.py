@@ -23,15 +23,22 @@ ConfigFile = Annotated[
     Path | None, typer.Option("--config", "-c", help="TOML or YAML file of config keys.")
 ]
 STRATEGY_HELP = "auto, single, ddp, spmd or fsdp."
+RESUME_HELP = "auto (if a checkpoint exists, else fresh), latest, or a checkpoint path/URL."
+CHECKPOINT_HELP = "A checkpoint, or a checkpoint directory (its newest); a path or URL."
 Sets = Annotated[
     list[str] | None, typer.Option("--set", "-s", help="Override any config key: key=value.")
 ]
 
 
-def fail(message: str) -> NoReturn:
-    """One clear line on stderr and exit code 2 (a usage error)."""
+# Exit codes: 2 a usage or configuration error, 3 training diverged (NaN/inf),
+# 4 a checkpoint could not be written (the previous one is kept).
+EXIT_USAGE, EXIT_DIVERGED, EXIT_CHECKPOINT = 2, 3, 4
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    """One clear line on stderr and a non-zero exit code (2: a usage error)."""
     typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 def _resolve(config_file: Path | None, sets: list[str] | None, flags: dict[str, Any]) -> Any:
@@ -69,32 +76,60 @@ def train(
     ] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Checkpoint every N steps.")] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
-    run_dir: Annotated[str | None, typer.Option(help="Where logs and checkpoints go.")] = None,
+    run_dir: Annotated[str | None, typer.Option(help="Where logs and the summary go.")] = None,
+    checkpoint_dir: Annotated[
+        str | None, typer.Option(help="Where checkpoints go: a path or URL (gs://...).")
+    ] = None,
     data: Annotated[str | None, typer.Option(help="Local data path or hf:NAME.")] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the latest checkpoint.")
-    ] = False,
+    resume: Annotated[str | None, typer.Option(help=RESUME_HELP)] = None,
     sets: Sets = None,
 ) -> None:
-    """Train the task's model and print where the summary is."""
+    """Train the task's model and print its eval metrics as JSON."""
     flags = {k: v for k, v in locals().items() if k not in ("config", "sets")}
-    flags["resume"] = resume or None
     summary = _run(_resolve(config, sets, flags))
     if summary["status"] == "preempted":
-        typer.echo(f"stopped by SIGTERM at step {summary['steps']}; continue with --resume")
+        typer.echo(f"stopped by SIGTERM at step {summary['steps']}; continue with --resume auto")
     typer.echo(json.dumps(summary["eval"]))
 
 
 def _run(cfg: Any) -> dict[str, Any]:
-    """Launch a run; expected failures become one line and exit code 2."""
+    """Launch a run; every expected failure becomes one line and its exit code."""
+    from .core.checkpointing import CheckpointError, CheckpointWriteError
     from .training import train as run_training
-    from .training.checkpoint import CheckpointError
 
     try:
+        writable(cfg.run_dir)
         summary: dict[str, Any] = run_training(cfg)
+    except CheckpointWriteError as error:
+        fail(f"{error}; the last whole checkpoint is untouched", EXIT_CHECKPOINT)
     except (RuntimeConfigError, CheckpointError, ValueError) as error:
         fail(str(error))
+    if summary["status"] == "diverged":
+        last = summary["checkpoint"]
+        advice = (
+            f"last good checkpoint: {last} (resume from it with a lower lr: --resume {last})"
+            if last
+            else "no checkpoint was written before it: lower lr and train again"
+        )
+        fail(
+            f"training diverged: the loss or the weights are NaN or infinite at step "
+            f"{summary['diverged_at']}, so nothing was saved from them; {advice}",
+            EXIT_DIVERGED,
+        )
     return summary
+
+
+def writable(folder: str) -> None:
+    """Refuse a run directory that cannot be created or written, before anything starts."""
+    import os
+
+    existing = Path(folder).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        fail(f"cannot write to run_dir {folder!r}: {str(existing)!r} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        fail(f"cannot write to run_dir {folder!r}: {str(existing)!r} is not writable")
 
 
 @app.command()
@@ -141,41 +176,54 @@ def debug(
 
 @app.command("eval")
 def evaluate(
-    checkpoint: Annotated[Path, typer.Option(help="Checkpoint file to evaluate.")],
+    checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)],
     accelerator: Annotated[str | None, typer.Option(help="auto, tpu or cpu.")] = None,
     devices: Annotated[str | None, typer.Option(help="1, 8, all, or [core].")] = None,
     strategy: Annotated[str | None, typer.Option(help=STRATEGY_HELP)] = None,
     mesh: Annotated[str | None, typer.Option(help="spmd/fsdp device mesh.")] = None,
     data: Annotated[str | None, typer.Option(help="Evaluate on other data.")] = None,
 ) -> None:
-    """Evaluate a checkpoint on the task's eval set and print the metrics as JSON."""
+    """Evaluate a checkpoint (resharded to any strategy) and print the metrics as JSON."""
     from .core import launch
+    from .core.checkpointing import CheckpointError
     from .training import plan_of
-    from .training.checkpoint import CheckpointError, load_checkpoint
+    from .training.checkpoint import read_config
     from .training.config import ConfigError, build_config
     from .training.evaluation import evaluate_checkpoint
 
     try:
-        state = load_checkpoint(checkpoint)
-        saved = {k: v for k, v in state["config"].items() if k != "resume"}
-        flags = {
-            "accelerator": accelerator,
-            "devices": devices,
-            "strategy": strategy,
-            "mesh": mesh,
-            "data": data,
-        }
+        path, saved = read_config(checkpoint)
+        saved = {k: v for k, v in saved.items() if k != "resume"}
         if strategy is not None and mesh is None:
             saved["mesh"] = ""  # the saved mesh belongs to the saved strategy
+        flags = {"accelerator": accelerator, "devices": devices, "strategy": strategy}
+        flags.update({"mesh": mesh, "data": data})
         saved.update({k: v for k, v in flags.items() if v is not None})
         cfg = build_config(None, saved)
         plan = plan_of(cfg)
         if plan.strategy.spawns():
             fail("eval returns its metrics from one process: use --strategy spmd or --devices 1")
-        metrics = launch(evaluate_checkpoint, plan, args=(cfg, plan, state))
+        metrics = launch(evaluate_checkpoint, plan, args=(cfg, plan, path))
     except (CheckpointError, ConfigError, RuntimeConfigError, ValueError) as error:
         fail(str(error))
     typer.echo(json.dumps(metrics))
+
+
+@app.command("export")
+def export(
+    checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)],
+    out: Annotated[Path, typer.Option(help="The safetensors file to write.")],
+) -> None:
+    """Write a checkpoint's weights as one safetensors file that plain torch loads on a CPU."""
+    from .core.checkpointing import CheckpointError
+    from .training.config import ConfigError
+    from .training.export import export_checkpoint
+
+    try:
+        written = export_checkpoint(checkpoint, out)
+    except (CheckpointError, ConfigError, ValueError, OSError) as error:
+        fail(str(error))
+    typer.echo(f"exported {written['checkpoint']} -> {out} ({written['parameters']} parameters)")
 
 
 @app.command()

@@ -6,10 +6,12 @@ inside functions, after `configure()` has set the environment it reads once.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,8 +177,23 @@ def host_group() -> Any:
     if not dist.is_initialized():
         import torch_xla.distributed.xla_backend  # noqa: F401  (registers the xla:// rendezvous)
 
-        dist.init_process_group("gloo", init_method="xla://")
+        with _stdout_silenced():  # gloo prints a line per connection to stdout
+            dist.init_process_group("gloo", init_method="xla://")
     return dist.group.WORLD
+
+
+@contextlib.contextmanager
+def _stdout_silenced() -> Iterator[None]:
+    """Send what native code writes to file descriptor 1 to /dev/null for a moment."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with open(os.devnull, "w") as sink:
+        os.dup2(sink.fileno(), 1)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def host_all_reduce_max(value: int) -> int:

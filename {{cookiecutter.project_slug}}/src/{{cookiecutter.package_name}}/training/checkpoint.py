@@ -1,98 +1,80 @@
-"""Checkpoints: CPU tensors, one writer, atomic rename, last K kept, loadable anywhere."""
+"""What a run's checkpoint holds, and when it is written or restored.
+
+Everything exact resume needs: weights and optimizer state under the plain model's
+parameter names (so a checkpoint reshards into any strategy), the schedule, progress,
+the config, and every host's random generators. Storage is core.checkpointing.
+"""
 
 from __future__ import annotations
 
-import os
-import re
-import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..core import Strategy, ops
-from .state import Progress, rng_states
+from ..core import Strategy, health, ops, runtime
+from ..core.checkpointing import (
+    CheckpointError,
+    CheckpointStore,
+    find_checkpoint,
+    join,
+    read,
+    saved_keys,
+)
+from .state import Progress, restore_rng_states, rng_states
 
 FORMAT = "{{ cookiecutter.package_name }}-checkpoint"
-VERSION = 1
-_NAME = re.compile(r"^step-(\d{8})\.pt$")
+VERSION = 2
+
+__all__ = ["FORMAT", "CheckpointError", "Checkpointer", "read_config", "resume_location"]
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message says which file and why."""
+def default_directory(run_dir: str, checkpoint_dir: str) -> str:
+    return checkpoint_dir or join(str(run_dir), "checkpoints")
 
 
-def checkpoint_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first (temp files are never listed)."""
-    folder = checkpoint_dir(run_dir)
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if _NAME.match(p.name))
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    found = list_checkpoints(run_dir)
-    return found[-1] if found else None
-
-
-def save_checkpoint(
-    state: dict[str, Any], run_dir: str | Path, step: int, keep: int, name: str | None = None
-) -> Path:
-    """Write CPU `state` atomically as step-N.pt (or `name`); keep the newest `keep`."""
-    folder = checkpoint_dir(run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / (name or f"step-{step:08d}.pt")
-    payload = {"format": FORMAT, "version": VERSION, **state}
-    fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    for old in list_checkpoints(run_dir)[:-keep]:
-        old.unlink(missing_ok=True)
-    return target
-
-
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint on CPU (no torch_xla needed); CheckpointError if unusable."""
-    source = Path(path)
-    if not source.is_file():
-        raise CheckpointError(f"checkpoint {str(source)!r} does not exist")
-    try:
-        state = torch.load(source, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises many types for a corrupt or foreign file
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"cannot read checkpoint {str(source)!r}: {reason[:160]}") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+def read_config(location: str) -> tuple[str, dict[str, Any]]:
+    """The checkpoint a location names (itself, or the newest in a directory) and its config."""
+    path = find_checkpoint(location)
+    header: dict[str, Any] = {"format": None, "version": None, "config": None}
+    if not set(header) <= saved_keys(path):
+        raise CheckpointError(f"{path!r} is not a checkpoint of this project")
+    read(path, header)
+    if header["format"] != FORMAT:
+        raise CheckpointError(f"{path!r} is not a checkpoint of this project")
+    if header["version"] != VERSION:
         raise CheckpointError(
-            f"{str(source)!r} is not a checkpoint of this project (no {FORMAT!r} marker)"
+            f"{path!r} has checkpoint version {header['version']}, expected {VERSION}"
         )
-    if state.get("version") != VERSION:
-        raise CheckpointError(
-            f"{str(source)!r} has checkpoint version {state.get('version')}, expected {VERSION}"
-        )
-    return state
+    return path, dict(header["config"])
+
+
+def model_state(strategy: Strategy, model: nn.Module) -> dict[str, Any]:
+    """The model's tensors under the plain model's names (the live tensors, not copies)."""
+    return {"format": FORMAT, "version": VERSION, "model": strategy.model_state_dict(model)}
+
+
+def load_weights(location: str, strategy: Strategy, model: nn.Module) -> str:
+    """Load a checkpoint's weights into a placed model; return the checkpoint's path."""
+    path, _ = read_config(location)
+    state = {"model": strategy.model_state_dict(model)}
+    read(path, state)
+    strategy.load_model_state_dict(model, state["model"])
+    return path
 
 
 class Checkpointer:
-    """Saves a run's full state: weights, optimizer, schedule, progress and every RNG."""
+    """Saves and restores a run's full state in `checkpoint_dir` and, for the best eval
+    loss, in `<checkpoint_dir>-best`. Never writes non-finite weights."""
 
     def __init__(
         self,
-        run_dir: str,
+        directory: str,
         keep: int,
+        async_save: bool,
+        preemption: bool,
         strategy: Strategy,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
@@ -100,32 +82,101 @@ class Checkpointer:
         config: dict[str, Any],
         host_read: Callable[[], AbstractContextManager[None]],
     ) -> None:
-        self.run_dir = run_dir
-        self.keep = keep
+        self.steps = CheckpointStore(directory, keep, async_save, preemption)
+        self.best = CheckpointStore(directory.rstrip("/") + "-best", 1, async_save)
         self.strategy = strategy
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.config = config
         self.host_read = host_read
+        self.last_good: str | None = None
+        self.saved_step: int | None = None  # the step the last regular save wrote
+        self.names = {p: strategy.plain_name(n) for n, p in model.named_parameters()}
+        self.weights_finite()  # compiled now: later checks reuse the graph, after warm-up too
 
     def state(self, progress: Progress) -> dict[str, Any]:
+        """The full state, tensors as they live on the devices (sharded or not)."""
+        optimizer = self.optimizer.state_dict()
+        per_name = {self.names[p]: self.optimizer.state[p] for p in self.names if p in self.optimizer.state}
         return {
-            "model": ops.to_cpu(self.strategy.model_state_dict(self.model)),
-            "optimizer": ops.to_cpu(self.optimizer.state_dict()),
+            **model_state(self.strategy, self.model),
+            "optimizer": {"state": per_name, "param_groups": optimizer["param_groups"]},
             "scheduler": self.scheduler.state_dict(),
             "progress": progress.to_dict(),
             "config": self.config,
-            "rng": rng_states(),
+            "rng": {f"host{runtime.process_index()}": rng_states()},
         }
 
-    def save(self, progress: Progress, name: str | None = None) -> Path | None:
-        """Write a checkpoint from the master process; every process waits for it."""
+    def weights_finite(self) -> bool:
+        with self.host_read():
+            return health.all_finite(list(self.model.parameters()))
+
+    def save(self, progress: Progress, best: bool = False) -> str | None:
+        """Write a checkpoint unless the weights are not finite (then return None)."""
+        if not best and self.saved_step == progress.step:
+            return self.last_good  # already written at this step
         ops.sync()
-        path = None
-        if self.strategy.is_master():
-            with self.host_read():
-                state = self.state(progress)
-            path = save_checkpoint(state, self.run_dir, progress.step, self.keep, name)
-        self.strategy.barrier("checkpoint")
+        if not self.weights_finite():
+            return None
+        store = self.best if best else self.steps
+        with self.host_read():
+            path = store.save(progress.step, self.state(progress))
+        if not best:
+            self.last_good, self.saved_step = path, progress.step
         return path
+
+    def latest(self) -> str | None:
+        steps = self.steps.steps()
+        return self.steps.path(steps[-1]) if steps else None
+
+    def restore(self, location: str, progress: Progress) -> Progress:
+        """Load a checkpoint into the placed model and primed optimizer; return its progress."""
+        path, _ = read_config(location)
+        state = self.state(progress)
+        host = f"host{runtime.process_index()}"
+        if not any(key.startswith(f"rng.{host}.") for key in saved_keys(path)):
+            state["rng"] = {}  # saved by fewer hosts: this one keeps its own generators
+        read(path, state)
+        self.strategy.load_model_state_dict(self.model, state["model"])
+        for param, name in self.names.items():
+            if name in state["optimizer"]["state"]:
+                self.optimizer.state[param].update(state["optimizer"]["state"][name])
+        for group, saved in zip(
+            self.optimizer.param_groups, state["optimizer"]["param_groups"], strict=True
+        ):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self.scheduler.load_state_dict(state["scheduler"])
+        rng = state["rng"].get(host)
+        if rng is not None:
+            restore_rng_states(rng)
+        self.last_good = path
+        return Progress.from_dict(state["progress"])
+
+    def reached_preemption(self, step: int) -> bool:
+        return self.steps.reached_preemption(step)
+
+    def finish(self) -> None:
+        """Wait for background writes; raise CheckpointError if one failed."""
+        self.steps.finish()
+        self.best.finish()
+
+
+def resume_location(resume: str, directory: str) -> str | None:
+    """What `--resume` names: nothing, the newest checkpoint (`auto`, `latest`), or a path.
+
+    `auto` starts fresh when there is no checkpoint yet; `latest` requires one.
+    """
+    if not resume:
+        return None
+    if resume in ("auto", "latest"):
+        try:
+            return find_checkpoint(directory)
+        except CheckpointError:
+            if resume == "auto":
+                return None
+            raise CheckpointError(
+                f"--resume latest: no checkpoint in {directory!r}; use --resume auto to "
+                "start fresh when there is none"
+            ) from None
+    return resume

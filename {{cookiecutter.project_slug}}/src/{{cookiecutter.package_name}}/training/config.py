@@ -46,12 +46,14 @@ class TrainConfig:
     log_every: int = 20
     checkpoint_every: int = 0
     keep_checkpoints: int = 2
+    checkpoint_dir: str = ""  # default: <run_dir>/checkpoints; any fsspec URL (gs://...)
+    async_checkpoint: bool = True
     seed: int = 0
     run_dir: str = "runs/default"
     data: str = ""
     num_workers: int = 0
     compile_cache: str = ""
-    resume: bool = False
+    resume: str = ""  # "", "auto", "latest", or a checkpoint (directory) path or URL
     profile_steps: int = 0
     profile_port: int = 9012
     metrics_report: bool = False
@@ -103,6 +105,13 @@ class TrainConfig:
             Precision.from_name(self.precision)
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        if self.resume.lower() in ("true", "1", "yes"):
+            self.resume = "latest"  # a bare --resume, or resume = true in a file
+        if "://" in self.run_dir:
+            raise ConfigError(
+                f"run_dir {self.run_dir!r} must be a local directory (logs, TensorBoard); "
+                "put checkpoints on remote storage with checkpoint_dir"
+            )
         if self.data and not self.data.startswith("hf:") and not Path(self.data).exists():
             raise ConfigError(f"data path {self.data!r} does not exist")
         return self

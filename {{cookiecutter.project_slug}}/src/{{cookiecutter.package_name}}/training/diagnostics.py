@@ -42,9 +42,11 @@ class Diagnostics:
         profiling.capture(self.profile_dir, duration_ms, self.port)
         self.capture_ends = time.monotonic() + duration_ms / 1000
 
-    def finish(self, loop: health.HealthSnapshot, steps: int, graphs: int) -> dict[str, Any]:
+    def finish(
+        self, loop: health.HealthSnapshot, steps: int, graphs: int, reads: int | None = None
+    ) -> dict[str, Any]:
         """Wait for a capture, write the report if asked, and return what to summarise."""
-        result: dict[str, Any] = {"diagnosis": health.diagnose(loop, steps, graphs)}
+        result: dict[str, Any] = {"diagnosis": health.diagnose(loop, steps, graphs, reads)}
         if self.capture_ends is not None:
             deadline = min(self.capture_ends + 5.0, time.monotonic() + MAX_WAIT_SECONDS)
             while not profiling.traces(self.profile_dir) and time.monotonic() < deadline:

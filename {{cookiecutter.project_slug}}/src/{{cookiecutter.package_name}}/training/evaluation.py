@@ -101,12 +101,14 @@ class Evaluator:
         return sums
 
 
-def evaluate_checkpoint(config: TrainConfig, plan: Plan, state: dict[str, Any]) -> dict[str, float]:
+def evaluate_checkpoint(config: TrainConfig, plan: Plan, path: str) -> dict[str, float]:
     """A checkpoint's eval metrics under any plan: no optimizer, no training data."""
+    from .checkpoint import load_weights
+
     precision = Precision.from_name(config.precision)
     task = load_task(config.task, config.data, config.task_options)
     model = task.build_model()
-    model.load_state_dict(state["model"])
     precision.convert_module(model)
     model, _ = plan.strategy.setup_model(model, block_class(task, model))
+    load_weights(path, plan.strategy, model)  # resharded to this strategy's layout
     return Evaluator(task, plan.strategy, precision, config)(model)

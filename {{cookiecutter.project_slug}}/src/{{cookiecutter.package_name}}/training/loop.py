@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,14 +13,14 @@ from torch import nn
 
 from ..core import Plan, Precision, Strategy, memory, ops, runtime
 from ..tasks import Task, block_class, load_task
-from .checkpoint import Checkpointer, latest_checkpoint, load_checkpoint
+from .checkpoint import Checkpointer, default_directory, resume_location
 from .config import ConfigError, TrainConfig
 from .data import training_data
 from .diagnostics import Diagnostics
 from .evaluation import Evaluator
 from .optim import build_optimizer, build_scheduler
 from .reporting import Reporter
-from .state import Progress, restore_rng_states
+from .state import Progress
 from .watch import RunWatch
 
 
@@ -87,51 +88,56 @@ def fit(
     # ---- set-up --------------------------------------------------------------------
     ops.seed_host(cfg.seed)  # the model's initial weights depend on it
     model = model if model is not None else task.build_model()
-    found = latest_checkpoint(cfg.run_dir) if cfg.resume else None
-    resume = load_checkpoint(found) if found else None
     ops.initialize_compile_cache(cfg.compile_cache, readonly=not strategy.is_local_master())
     ops.set_rng_state(cfg.seed)
-    if resume is not None:
-        model.load_state_dict(resume["model"])
     precision.convert_module(model)
     blocks = block_class(task, model)
     model, ties = strategy.setup_model(model, blocks, cfg.activation_checkpointing)
     optimizer = build_optimizer(model, cfg, task)  # after the move: it holds device tensors
+    ops.prime_optimizer_state(optimizer)
+    strategy.place_optimizer_state(optimizer)
+    ops.sync()  # parameters and optimizer state are device data from here on
     train_feeder, steps_per_epoch = training_data(task, strategy, cfg)
     total = cfg.max_steps if cfg.max_steps > 0 else (steps_per_epoch or 0) * cfg.max_epochs
     scheduler = build_scheduler(optimizer, cfg, total)
+    watch = RunWatch(guard_after, evaluates=bool(cfg.eval_every))
+    directory = default_directory(cfg.run_dir, cfg.checkpoint_dir)
+    saver = Checkpointer(
+        directory, cfg.keep_checkpoints, cfg.async_checkpoint, plan.accelerator == "tpu",
+        strategy, model, optimizer, scheduler, cfg.to_dict(), watch.host_read,
+    )  # fmt: skip
     progress = Progress()
-    if resume is not None:
-        optimizer.load_state_dict(resume["optimizer"])
-        scheduler.load_state_dict(resume["scheduler"])
-        progress = Progress.from_dict(resume["progress"])
-        restore_rng_states(resume["rng"])
-    ops.prime_optimizer_state(optimizer)
-    strategy.place_optimizer_state(optimizer)
+    resume_from = resume_location(cfg.resume, directory)
+    if resume_from is not None:
+        progress = saver.restore(resume_from, progress)  # resharded to this strategy
+        strategy.place_optimizer_state(optimizer)
     ops.sync()
 
     master = strategy.is_master()
-    watch = RunWatch(guard_after, evaluates=bool(cfg.eval_every))
     evaluate = Evaluator(task, strategy, precision, cfg, watch.host_read)
     reporter = Reporter(Path(cfg.run_dir), total, master)
     diagnostics = Diagnostics(
         Path(cfg.run_dir), cfg.profile_steps, cfg.profile_port, cfg.metrics_report, master
     )
-    saver = Checkpointer(
-        cfg.run_dir, cfg.keep_checkpoints, strategy, model, optimizer, scheduler,
-        cfg.to_dict(), watch.host_read,
-    )  # fmt: skip
     step = TrainStep(task, model, optimizer, scheduler, strategy, precision, cfg)
     global_batch = cfg.batch_size * strategy.local_devices() * strategy.data_layout()[0]
     state_bytes = memory.state_memory(model, optimizer)
     reporter.line(f"{strategy.describe()}; global batch {global_batch}, {precision.name}")
     reporter.line(ties.describe())
     reporter.line(memory.describe(state_bytes, memory.device_peak_bytes(runtime.device())))
+    if resume_from is not None:
+        reporter.line(
+            f"resuming at step {progress.step} (epoch {progress.epoch}) from {resume_from}"
+        )
 
     # ---- the loop ------------------------------------------------------------------
+    diverged: list[int] = []  # steps whose logged loss was NaN or infinite
+
     def log_loss(at: int, loss: torch.Tensor, lr: float) -> None:
         with watch.host_read():
             value = float(loss.item())
+        if not math.isfinite(value):
+            diverged.append(at)
         progress.losses.append((at, value))
         reporter.scalars(at, {"loss": value, "lr": lr}, "train")
 
@@ -139,8 +145,6 @@ def fit(
     eval_metrics: dict[str, float] = {}
     evaluated_at = None
     status = "completed"
-    if progress.step:
-        reporter.line(f"resuming at step {progress.step} (epoch {progress.epoch})")
     with Preemption() as preemption:
         watch.loop_started(progress.step)
         while progress.step < total and status == "completed":
@@ -161,22 +165,28 @@ def fit(
                     ops.add_step_closure(log_loss, (at, loss, lr))  # runs after the step
                     watch.check(at)  # fail fast, on the logging cadence
                 ops.sync()  # one graph per optimizer step, however many micro-batches
+                on_cadence = due(cadence, at)
+                # Processes must agree to stop, or one would wait forever in a collective.
+                with watch.host_read():
+                    if strategy.agree_to_stop(bool(diverged), on_cadence):
+                        status = "diverged"
+                        break
                 if due(cfg.eval_every, at):
                     eval_metrics, evaluated_at = evaluate(model), at
                     reporter.scalars(at, eval_metrics, "eval")
                     # Every process holds the same reduced value: they take the same branch.
-                    if eval_metrics["loss"] < progress.best:
+                    if eval_metrics["loss"] < progress.best:  # never true for NaN
                         progress.best = eval_metrics["loss"]
                         if cfg.checkpoint_every:
-                            saver.save(progress, "best.pt")
-                if due(cfg.checkpoint_every, at):
-                    saver.save(progress)
+                            saver.save(progress, best=True)
+                if due(cfg.checkpoint_every, at) and saver.save(progress) is None:
+                    status = "diverged"  # the weights are not finite: nothing was written
+                    break
                 watch.after_step(at, evaluate.runs)
                 diagnostics.after_step(at, watch.clock)
-                # Processes must agree to stop, or one would wait forever in a collective.
                 with watch.host_read():
-                    stopping = strategy.agree_to_stop(preemption.requested, due(cadence, at))
-                if stopping:
+                    requested = strategy.agree_to_stop(preemption.requested, on_cadence)
+                if requested or saver.reached_preemption(at):
                     status = "preempted"
                     break
                 if at >= total:
@@ -195,9 +205,15 @@ def fit(
     if status == "completed" and evaluated_at != progress.step:
         eval_metrics = evaluate(model)
         reporter.scalars(progress.step, eval_metrics, "eval")
-    saver.save(progress)
+    if status != "diverged" and saver.save(progress) is None:
+        status = "diverged"
+    saver.finish()  # background writes done, or their failure raised
     summary: dict[str, Any] = {
         "status": status,
+        "diverged_at": diverged[0]
+        if diverged
+        else (progress.step if status == "diverged" else None),
+        "checkpoint": saver.last_good,
         "steps": progress.step,
         "epochs": progress.epoch,
         "final_train_loss": progress.losses[-1][1] if progress.losses else None,
@@ -215,15 +231,6 @@ def fit(
         "run_dir": str(cfg.run_dir),
     }
     graphs = 1 + (1 if cfg.eval_every else 0)
-    summary.update(
-        diagnostics.finish(watch.loop_counters(), progress.step - watch.start_step, graphs)
-    )
-    for finding in summary.get("diagnosis", []):
-        reporter.line(f"diagnosis: {finding}")
-    for key in ("metrics_report", "profile"):
-        if key in summary:
-            reporter.line(f"{key.replace('_', ' ')}: {summary[key]}")
-    path = reporter.summary(summary)
-    if path is not None:
-        reporter.line(f"{status}: {progress.step} steps; summary written to {path}")
-    return summary
+    steps_run = progress.step - watch.start_step
+    summary.update(diagnostics.finish(watch.loop_counters(), steps_run, graphs, watch.loop_reads))
+    return watch.report(reporter, summary)

@@ -30,21 +30,25 @@ class RunWatch:
         self.clock: tuple[int, float] | None = None  # (step, time) the clock started at
         self.start = health.snapshot()
         self.start_step = 0
+        self.deliberate = 0  # transfers made inside host_read() since the loop started
+        self.loop_reads: int | None = None  # those of the loop alone, once it has ended
         self.loop: health.HealthSnapshot | None = None
 
     @contextlib.contextmanager
     def host_read(self) -> Iterator[None]:
-        """A deliberate device-to-host read: the armed guard allows the transfers it makes."""
-        guard = self.guard
-        before = health.transfer_count() if guard is not None else 0
+        """A deliberate device-to-host read: counted, and allowed by the armed guard."""
+        before = health.transfer_count()
         yield
-        if guard is not None:
-            guard.allow(health.transfer_count() - before)
+        made = health.transfer_count() - before
+        self.deliberate += made
+        if self.guard is not None:
+            self.guard.allow(made)
 
     def loop_started(self, step: int) -> None:
         ops.sync()
         self.start = health.snapshot()
         self.start_step = step
+        self.deliberate = 0
 
     def after_step(self, step: int, evaluations: int) -> None:
         """Start the clock after warm-up; arm the guard once the run is warm."""
@@ -69,6 +73,7 @@ class RunWatch:
     def loop_ended(self) -> None:
         """Close the loop's window: its counters, and the guard's verdict."""
         self.loop = health.snapshot().since(self.start)
+        self.loop_reads = self.deliberate
         guard = self.guard
         if guard is not None:
             guard.check()
@@ -102,3 +107,17 @@ class RunWatch:
             "loop_compilations": loop.compilations,
             "guard": self.guard_result,
         }
+
+    def report(self, reporter: Any, summary: dict[str, Any]) -> dict[str, Any]:
+        """Print the run's findings, write summary.json, and return the summary."""
+        for finding in summary.get("diagnosis", []):
+            reporter.line(f"diagnosis: {finding}")
+        for key in ("metrics_report", "profile"):
+            if key in summary:
+                reporter.line(f"{key.replace('_', ' ')}: {summary[key]}")
+        path = reporter.summary(summary)
+        if path is not None:
+            reporter.line(
+                f"{summary['status']}: {summary['steps']} steps; summary written to {path}"
+            )
+        return summary

@@ -119,13 +119,18 @@ class Strategy:
     def place_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
         """Lay the optimizer's state out like the parameters it belongs to."""
 
+    def plain_name(self, name: str) -> str:
+        """A parameter's name in the plain model (without what a wrapper inserted)."""
+        return name
+
     def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
-        """The model's state under the names of the plain (unwrapped) model."""
-        return dict(model.state_dict())
+        """The model's tensors under the plain model's names (what checkpoints use)."""
+        return {self.plain_name(k): v for k, v in model.state_dict().items()}
 
     def load_model_state_dict(self, model: nn.Module, state: Mapping[str, Any]) -> None:
-        """Load a state saved by `model_state_dict`, under any strategy."""
-        model.load_state_dict(state)
+        """Load a state saved by `model_state_dict`, whatever strategy saved it."""
+        names = {self.plain_name(k): k for k in model.state_dict()}
+        model.load_state_dict({names[k]: v for k, v in state.items()})
 
     # ---- collectives ------------------------------------------------------------------
     def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:

@@ -91,12 +91,8 @@ class FullyShardedDataParallel(SpmdDataParallel):
             spec = _prepare_spmd_partition_spec(tensor, shard_maximal=True)
             xs.mark_sharding(tensor, self.mesh(), spec)
 
-    def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
-        return {k.replace(WRAPPER_PREFIX, ""): v for k, v in model.state_dict().items()}
-
-    def load_model_state_dict(self, model: nn.Module, state: Mapping[str, Any]) -> None:
-        names = {k.replace(WRAPPER_PREFIX, ""): k for k in model.state_dict()}
-        model.load_state_dict({names.get(k, k): v for k, v in state.items()})
+    def plain_name(self, name: str) -> str:
+        return name.replace(WRAPPER_PREFIX, "")
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:
