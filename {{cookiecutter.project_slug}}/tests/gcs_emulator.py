@@ -4,6 +4,11 @@
 `gcs_bucket` creates an empty bucket, points gcsfs at the emulator for the test and every
 subprocess it starts, and yields `gs://<bucket>`. Without gcsfs or the emulator the tests skip,
 unless REQUIRE_GCS_EMULATOR=1 makes that a failure.
+
+The emulator lacks `objects.move`, which gcsfs >= 2026.3 uses for every rename (and
+torch.distributed.checkpoint renames its `.metadata` at the end of each save): the 501 answer is
+retried for about 30 s before gcsfs copies and deletes instead. Run as a script, this module
+starts the emulator with that one call added, done the same way: copy, then delete.
 """
 
 import importlib.util
@@ -19,7 +24,9 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,7 +94,7 @@ def _start(log: Path) -> tuple[subprocess.Popen[bytes], str]:
     for _ in range(3):
         port = _free_port()
         endpoint = f"http://{HOST}:{port}"
-        command = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", HOST]
+        command = [sys.executable, __file__, "start", "--host", HOST]
         command += ["--port", str(port), "--in-memory", "--quiet"]
         with log.open("wb") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -150,3 +157,29 @@ def gcs_bucket(gcs_emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> It
     finally:
         # Cached filesystems keep listings and sessions of this bucket; drop them with it.
         gcsfs.core.GCSFileSystem.clear_instance_cache()
+
+
+def _move(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> None:
+    """objects.move (`POST .../o/SOURCE/moveTo/o/DESTINATION`): copy, then delete the source."""
+    from gcp_storage_emulator.handlers import objects
+
+    params = request.params
+    params["dest_bucket_name"] = params["bucket_name"]
+    objects.copy(request, response, storage)
+    if response.status == HTTPStatus.OK:
+        storage.delete_file(params["bucket_name"], params["object_id"])
+
+
+def serve(argv: list[str]) -> None:
+    """Run `gcp-storage-emulator argv...` with objects.move added."""
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.__main__ import main
+
+    move = r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)/moveTo/o/"
+    move += r"(?P<dest_object_id>.*[^/]+)$"
+    server.HANDLERS = ((move, {server.POST: _move}), *server.HANDLERS)
+    main(argv)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1:])
