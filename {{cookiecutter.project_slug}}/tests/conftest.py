@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+# Fixtures `gcs_emulator` and `gcs_bucket`: a local GCS server for `gs://` checkpoints.
+pytest_plugins = ["gcs_emulator"]
+
 # The XLA runtime reads PJRT_DEVICE once, when it starts: set it before any test touches it.
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
