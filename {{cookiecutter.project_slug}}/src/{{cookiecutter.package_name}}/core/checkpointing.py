@@ -47,8 +47,8 @@ def reason(error: BaseException) -> str:
     """The first line of an error; for DCP's CheckpointException, of the error inside it."""
     failures_by_rank = getattr(error, "failures", None)
     if isinstance(failures_by_rank, dict) and failures_by_rank:
-        inner = next(iter(failures_by_rank.values()))
-        error = getattr(inner, "exc", inner)
+        inner = next(iter(failures_by_rank.values()))  # (exception, stack) of one rank
+        error = inner[0] if isinstance(inner, tuple) else inner
     text = (str(error).strip() or type(error).__name__).splitlines()[0]
     return text[:300]
 

@@ -11,11 +11,74 @@ from torch import nn
 
 from .config import ConfigError, TrainConfig
 
+
+class Adafactor(torch.optim.Adafactor):
+    """torch's Adafactor with every per-step scalar computed on the device.
+
+    torch.optim.Adafactor reads each parameter's and each update's norm to the host
+    (`.item()`) and derives its decay from a host step count; on XLA each read cuts the
+    step's graph, and the first step's decay of exactly 1.0 becomes a constant of a
+    graph of its own. Here the step count lives beside the parameter and the clamps
+    run on the device: one graph for every step. The math, the hyperparameters and the
+    state names (`step`, `row_var`, `col_var`, `variance`) are torch's.
+    """
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr = float(group["lr"])
+            eps1, eps2 = group["eps"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = -param.grad if group["maximize"] else param.grad
+                state = self.state[param]
+                if not state:
+                    _init_state(state, grad)
+                step = state["step"].add_(1)
+                one_minus_beta2 = step.pow(group["beta2_decay"])
+                rho = step.rsqrt().clamp(max=lr)
+                floor = eps1 if eps1 is not None else torch.finfo(param.dtype).eps
+                scale = (param.norm(2) / param.numel() ** 0.5).clamp(min=eps2) * rho
+                if group["weight_decay"]:
+                    param.mul_(1 - lr * group["weight_decay"])
+                if grad.dim() > 1:
+                    row = grad.norm(dim=-1, keepdim=True).square_().div_(grad.size(-1))
+                    state["row_var"].lerp_(row, one_minus_beta2)
+                    col = grad.norm(dim=-2, keepdim=True).square_().div_(grad.size(-2))
+                    state["col_var"].lerp_(col, one_minus_beta2)
+                    estimate = state["row_var"] @ state["col_var"]
+                    estimate.div_(state["row_var"].mean(dim=-2, keepdim=True).clamp_(min=floor))
+                else:
+                    state["variance"].lerp_(grad * grad, one_minus_beta2)
+                    estimate = state["variance"].clone()
+                update = estimate.clamp_(min=floor * floor).rsqrt_().mul_(grad)
+                rms = update.norm(2) / (update.numel() ** 0.5 * group["d"])
+                param.sub_(update * (scale / rms.clamp(min=1.0)))
+        return loss
+
+
+def _init_state(state: dict[str, Any], grad: torch.Tensor) -> None:
+    """The state torch's Adafactor creates for a parameter, its step beside the parameter."""
+    state["step"] = torch.zeros((), dtype=torch.float32, device=grad.device)
+    if grad.dim() > 1:
+        row, col = list(grad.shape), list(grad.shape)
+        row[-1], col[-2] = 1, 1
+        state["row_var"] = grad.new_zeros(row)
+        state["col_var"] = grad.new_zeros(col)
+    else:
+        state["variance"] = torch.zeros_like(grad)
+
+
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adamw": torch.optim.AdamW,
     "sgd": torch.optim.SGD,
     "rmsprop": torch.optim.RMSprop,
-    "adafactor": torch.optim.Adafactor,
+    "adafactor": Adafactor,
 }
 SCHEDULES = ("cosine", "linear", "constant")
 
