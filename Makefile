@@ -44,8 +44,8 @@ bench: $(STAMP) ## Bake the default project into build/bench and run its benchma
 		benchmarks/bench.py --out $(abspath $(BENCH_DIR)) $(BENCH_ARGS)
 
 lint: $(STAMP) ## Lint the template's own Python (hooks and tests)
-	$(BIN)/ruff check hooks tests
-	$(BIN)/ruff format --check hooks tests
+	$(BIN)/ruff check hooks tests local_extensions.py
+	$(BIN)/ruff format --check hooks tests local_extensions.py
 
 clean: ## Remove build outputs (keeps the virtual environment)
 	rm -rf build .pytest_cache
