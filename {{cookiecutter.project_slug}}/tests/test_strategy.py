@@ -69,24 +69,6 @@ def test_one_core_id_needs_a_tpu():
         make_plan("cpu", "[5]")
 
 
-@pytest.mark.parametrize(
-    ("accelerator_type", "hosts", "per_host"),
-    [
-        ("v2-8", 1, 8),
-        ("v3-8", 1, 8),
-        ("v4-8", 1, 4),
-        ("v5litepod-8", 1, 8),
-        ("v4-32", 4, 4),
-        ("v5litepod-16", 4, 4),
-    ],
-)
-def test_topology_counts_hosts_and_devices_per_host(accelerator_type, hosts, per_host):
-    """It knows how many hosts and devices per host an accelerator type has."""
-    layout = runtime.topology(accelerator_type)
-
-    assert (layout.hosts, layout.devices_per_host) == (hosts, per_host)
-
-
 def training_step(strategy: str) -> dict[str, Any]:
     """One SGD step of a tiny MLP on one fixed full batch; runs inside `launch`."""
     import torch_xla
