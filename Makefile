@@ -10,7 +10,7 @@ BENCH_DIR := build/bench
 BENCH_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help venv test test-docker test-fast demo lint bench clean
+.PHONY: help venv test test-docker test-gcloud test-fast demo lint bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ test: $(STAMP) ## Run every template test (sets itself up on a fresh machine)
 
 test-docker: $(STAMP) ## Run only the Docker tier (builds and runs the baked project's image)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m docker $(PYTEST_ARGS)
+
+test-gcloud: $(STAMP) ## Run only the gcloud tier (a pod project's cloud targets via gcloud + sshd)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m gcloud $(PYTEST_ARGS)
 
 demo: $(STAMP) ## Bake the default project into build/demo and train it on XLA:CPU
 	rm -rf $(DEMO_DIR)

@@ -75,7 +75,7 @@ main() {
     trap failed ERR
     if [[ -f "$MARKER" ]]; then
         log "already prepared ($MARKER); nothing to do"
-        publish "ready"
+        publish "$STEPS/$STEPS ready"
         return 0
     fi
     step 1 "preparing $(hostname): $PROJECT_DIR, $CACHE_DIR"
