@@ -308,8 +308,8 @@ def test_tpu_status_shows_the_startup_script_done_on_every_worker(
     ssh_keys = patches[0].body["metadata"]["ssh-keys"]
     assert ssh_keys.strip().startswith("root:ssh-rsa ")
     assert ssh_keys.split(":", 1)[1].strip() in pod.authorized_keys.read_text()
-    for worker in pod.workers:
-        log = worker.path(f"/var/log/{SLUG}-startup.log").read_text()
+    for each in pod.workers:
+        log = each.path(f"/var/log/{SLUG}-startup.log").read_text()
         assert "torch 2.9.0 is installed" in log, log
 
 

@@ -1,7 +1,7 @@
 """Run one command on every worker of a TPU pod through `gcloud compute tpus tpu-vm ssh`.
 
-One ssh per worker (`--worker=I`), so every output line carries its worker and the
-first failing worker stops the others. Nothing here imports torch_xla.
+One ssh (or scp) per worker (`--worker=I`), so every output line carries its worker and
+the first failing worker stops the others. Nothing here imports torch_xla.
 """
 
 from __future__ import annotations
