@@ -10,7 +10,7 @@ BENCH_DIR := build/bench
 BENCH_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help venv test test-docker test-fast demo lint bench clean
+.PHONY: help venv test test-docker test-gcloud test-fast demo lint bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ test: $(STAMP) ## Run every template test (sets itself up on a fresh machine)
 test-docker: $(STAMP) ## Run only the Docker tier (builds and runs the baked project's image)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m docker $(PYTEST_ARGS)
 
+test-gcloud: $(STAMP) ## Run only the gcloud tier (a pod project's cloud targets via gcloud + sshd)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m gcloud $(PYTEST_ARGS)
+
 demo: $(STAMP) ## Bake the default project into build/demo and train it on XLA:CPU
 	rm -rf $(DEMO_DIR)
 	mkdir -p $(dir $(DEMO_DIR))
@@ -44,8 +47,8 @@ bench: $(STAMP) ## Bake the default project into build/bench and run its benchma
 		benchmarks/bench.py --out $(abspath $(BENCH_DIR)) $(BENCH_ARGS)
 
 lint: $(STAMP) ## Lint the template's own Python (hooks and tests)
-	$(BIN)/ruff check hooks tests
-	$(BIN)/ruff format --check hooks tests
+	$(BIN)/ruff check hooks tests local_extensions.py
+	$(BIN)/ruff format --check hooks tests local_extensions.py
 
 clean: ## Remove build outputs (keeps the virtual environment)
 	rm -rf build .pytest_cache

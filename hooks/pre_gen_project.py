@@ -18,28 +18,10 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-ACCELERATOR_TYPES = (
-    "v5litepod-8",
-    "v4-8",
-    "v3-8",
-    "v2-8",
-    "v6e-8",
-    "v5litepod-16",
-    "v5litepod-32",
-    "v4-32",
-    "v3-32",
-    "v6e-16",
-)
-
-# TPU VM software versions per generation. tpu-vm-base, tpu-vm-pt-2.0 and the
-# tpu-vm-v4-* images are legacy (torch_xla <= 2.0); they stay valid for old pods.
-RUNTIMES_BY_GENERATION: dict[str, tuple[str, ...]] = {
-    "v5litepod": ("v2-alpha-tpuv5-lite",),
-    "v6e": ("v2-alpha-tpuv6e",),
-    "v4": ("tpu-ubuntu2204-base", "tpu-vm-v4-base", "tpu-vm-v4-pt-2.0"),
-    "v3": ("tpu-ubuntu2204-base", "tpu-vm-base", "tpu-vm-pt-2.0"),
-    "v2": ("tpu-ubuntu2204-base", "tpu-vm-base", "tpu-vm-pt-2.0"),
-}
+# The table of TPU generations arrives with the answers (`_tpu_generations` in
+# cookiecutter.json): slice sizes, runtime versions and zones per generation.
+GENERATIONS_KEY = "_tpu_generations"
+SIZE_RE = re.compile(r"[1-9][0-9]*")
 
 PYTHON_VERSIONS = ("3.11", "3.10", "3.12")
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
@@ -168,28 +150,44 @@ def check_package_name(package: str) -> None:
         )
 
 
-def check_accelerator_type(accelerator: str) -> None:
-    """Require a TPU accelerator type the template knows."""
-    if accelerator not in ACCELERATOR_TYPES:
-        raise InvalidAnswer(
-            f"accelerator_type {accelerator!r} is unknown; choose one of "
-            f"{', '.join(ACCELERATOR_TYPES)}"
-        )
-
-
 def generation_of(accelerator: str) -> str:
     """Return the TPU generation of an accelerator type (``v4-32`` -> ``v4``)."""
     return accelerator.split("-", 1)[0]
 
 
-def check_runtime_version(runtime: str, accelerator: str) -> None:
+def listed(values: list[int], most: int = 8) -> str:
+    """Name a few allowed sizes: all of them when short, else the first ones and the largest."""
+    if len(values) <= most:
+        return ", ".join(map(str, values))
+    return f"{', '.join(map(str, values[: most - 1]))}, ... {values[-1]}"
+
+
+def check_accelerator_type(accelerator: str, generations: Mapping[str, Any]) -> None:
+    """Require GENERATION-SIZE with a generation of the table and a size it allows."""
+    generation, _, size = accelerator.partition("-")
+    if generation not in generations:
+        raise InvalidAnswer(
+            f"accelerator_type {accelerator!r} is not a TPU type the template knows; "
+            f"use GENERATION-SIZE with a generation among {', '.join(generations)} "
+            "(v5e is v5litepod), e.g. v5litepod-8, v4-32, v5p-16"
+        )
+    sizes = list(generations[generation]["slice_sizes"])
+    if not SIZE_RE.fullmatch(size) or int(size) not in sizes:
+        example = f"{generation}-{sizes[min(2, len(sizes) - 1)]}"
+        raise InvalidAnswer(
+            f"accelerator_type {accelerator!r} is not a {generation} slice; "
+            f"{generation} sizes are {listed(sizes)} (e.g. {example})"
+        )
+
+
+def check_runtime_version(runtime: str, accelerator: str, generations: Mapping[str, Any]) -> None:
     """Require a known runtime version that boots the accelerator's generation."""
-    known = sorted({r for rs in RUNTIMES_BY_GENERATION.values() for r in rs})
+    known = sorted({r for entry in generations.values() for r in entry["runtime_versions"]})
     if runtime not in known:
         raise InvalidAnswer(
             f"runtime_version {runtime!r} is unknown; choose one of {', '.join(known)}"
         )
-    compatible = RUNTIMES_BY_GENERATION[generation_of(accelerator)]
+    compatible = generations[generation_of(accelerator)]["runtime_versions"]
     if runtime not in compatible:
         raise InvalidAnswer(
             f"runtime_version {runtime!r} does not run on {accelerator}; "
@@ -256,6 +254,7 @@ def validate(answers: Mapping[str, Any], raw_answers: Mapping[str, Any] | None =
         if isinstance(raw, str):
             check_no_template_syntax(key, raw)
     accelerator = answers["accelerator_type"]
+    generations = answers[GENERATIONS_KEY]
     checks: list[Callable[[], None]] = [
         lambda: check_project_name(answers["project_name"]),
         lambda: check_project_slug(answers["project_slug"]),
@@ -266,10 +265,10 @@ def validate(answers: Mapping[str, Any], raw_answers: Mapping[str, Any] | None =
         lambda: check_single_line("author_name", answers["author_name"]),
         lambda: check_no_template_syntax("author_name", answers["author_name"]),
         lambda: check_author_email(answers["author_email"]),
-        lambda: check_accelerator_type(accelerator),
+        lambda: check_accelerator_type(accelerator, generations),
         lambda: check_zone(answers["zone"]),
         lambda: check_gcp_project(answers["gcp_project"]),
-        lambda: check_runtime_version(answers["runtime_version"], accelerator),
+        lambda: check_runtime_version(answers["runtime_version"], accelerator, generations),
         lambda: check_docker_image(answers["docker_image"]),
         lambda: check_choice("precision", answers["precision"], PRECISIONS),
         lambda: check_choice("strategy", answers["strategy"], STRATEGIES),

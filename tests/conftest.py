@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -13,6 +14,12 @@ from typing import Any
 import pytest
 
 from helpers import BIN_DIR, COMBOS, TEMPLATE_DIR, Baked, load_hook, tool_env
+
+# cookiecutter puts the template's root on sys.path while it renders, so that
+# `_extensions` (local_extensions.py) import; pytest-cookies and the tests that
+# render cookiecutter.json themselves call cookiecutter's functions without it.
+if str(TEMPLATE_DIR) not in sys.path:
+    sys.path.insert(0, str(TEMPLATE_DIR))
 
 
 @pytest.fixture(scope="session")

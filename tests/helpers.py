@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -14,6 +15,11 @@ from typing import Any
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent
 HOOKS_DIR = TEMPLATE_DIR / "hooks"
 BIN_DIR = Path(sys.executable).parent
+TEMPLATE_CONTEXT: dict[str, Any] = json.loads(
+    (TEMPLATE_DIR / "cookiecutter.json").read_text(encoding="utf-8")
+)
+# The table of TPU generations, as the hooks receive it with the answers.
+TPU_GENERATIONS: dict[str, Any] = TEMPLATE_CONTEXT["_tpu_generations"]
 
 # Supported option combinations, each baked once per session. The ids read as
 # what they exercise; keep the list short enough to run on two cores.
@@ -45,6 +51,10 @@ COMBOS: dict[str, dict[str, str]] = {
         "strategy": "single",
         "python_version": "3.10",
     },
+    "v5p-16-pod-spmd": {
+        "accelerator_type": "v5p-16",
+        "strategy": "spmd",
+    },
     "v5litepod-32-own-names": {
         "project_name": "My Big Model",
         "package_name": "bigmodel",
@@ -71,6 +81,8 @@ VALID_ANSWERS: dict[str, str] = {
     "example_task": "lm",
     "python_version": "3.11",
 }
+# The answers as the hooks receive them: with the private table of TPU generations.
+HOOK_ANSWERS: dict[str, Any] = {**VALID_ANSWERS, "_tpu_generations": TPU_GENERATIONS}
 
 
 def load_hook(name: str) -> ModuleType:

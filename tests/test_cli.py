@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 import filecmp
 import json
+import os
 import subprocess
+import sys
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +57,51 @@ def test_bakes_the_readme_example(tmp_path: Path, run_cookiecutter: Run) -> None
     assert pyproject["project"]["name"] == "my-model"
     assert (project / "src" / "my_model" / "tasks" / "vision.py").is_file()
     assert not (project / "src" / "my_model" / "tasks" / "lm.py").exists()
+
+
+def test_bakes_a_v5p_16_pod_with_two_hosts_of_four_devices(
+    tmp_path: Path, run_cookiecutter: Run
+) -> None:
+    """It bakes v5p-16 with v5p's defaults and a runtime that counts 2 hosts x 4 devices."""
+    result = run_cookiecutter(tmp_path, context={"accelerator_type": "v5p-16"})
+    assert result.returncode == 0, result.stderr
+    project = tmp_path / "tpu-project"
+    makefile = (project / "Makefile").read_text(encoding="utf-8")
+    for line in (
+        "ACCELERATOR_TYPE ?= v5p-16",
+        "ZONE ?= us-east5-a",
+        "RUNTIME_VERSION ?= v2-alpha-tpuv5",
+    ):
+        assert line in makefile.splitlines()
+    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    layout = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from tpu_project.core.runtime import topology, peak_bf16_flops_per_chip as peak; "
+            "t = topology('v5p-16'); print(t.hosts, t.devices_per_host, peak('v5p-16'))",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert layout.returncode == 0, layout.stderr
+    assert layout.stdout.split() == ["2", "4", "459000000000000.0"]
+    pod_run = ["pod", "run", "--tpu", "t", "--dry-run", "--accelerator-type", "v5p-16"]
+    dry_run = subprocess.run(
+        [sys.executable, "-m", "tpu_project", *pod_run, "--", "hostname"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert dry_run.returncode == 0, dry_run.stderr
+    workers = [line.split("--worker=")[1].split()[0] for line in dry_run.stdout.splitlines()]
+    assert workers == ["0", "1"]
 
 
 def test_rebakes_the_same_project_from_recorded_answers(

@@ -12,9 +12,7 @@ import pytest
 from cookiecutter.generate import generate_context
 from cookiecutter.prompt import prompt_for_config
 
-from helpers import TEMPLATE_DIR, VALID_ANSWERS
-
-TEMPLATE_CONTEXT = json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text(encoding="utf-8"))
+from helpers import HOOK_ANSWERS, TEMPLATE_CONTEXT, TEMPLATE_DIR, TPU_GENERATIONS, VALID_ANSWERS
 
 
 def rendered_defaults(**overrides: str) -> dict[str, Any]:
@@ -27,21 +25,61 @@ def rendered_defaults(**overrides: str) -> dict[str, Any]:
 
 def test_accepts_valid_answers(pre_gen: ModuleType) -> None:
     """It accepts a complete set of valid answers."""
-    pre_gen.validate(VALID_ANSWERS, VALID_ANSWERS)
+    pre_gen.validate(HOOK_ANSWERS, VALID_ANSWERS)
 
 
-@pytest.mark.parametrize("accelerator", TEMPLATE_CONTEXT["accelerator_type"])
-def test_accepts_derived_defaults_for_every_accelerator(
+@pytest.mark.parametrize(
+    "accelerator",
+    [
+        f"{generation}-{size}"
+        for generation, entry in TPU_GENERATIONS.items()
+        for size in (entry["slice_sizes"][0], entry["slice_sizes"][-1])
+    ],
+)
+def test_accepts_derived_defaults_for_every_generation(
     pre_gen: ModuleType, accelerator: str
 ) -> None:
-    """It accepts the zone and runtime that cookiecutter.json derives for each accelerator."""
-    pre_gen.validate(rendered_defaults(accelerator_type=accelerator))
+    """It accepts the smallest and largest slice of each generation with the derived defaults."""
+    answers = rendered_defaults(accelerator_type=accelerator)
+    generation = TPU_GENERATIONS[accelerator.split("-")[0]]
+    assert answers["zone"] == generation["zones"][0]
+    assert answers["runtime_version"] == generation["runtime_versions"][0]
+    pre_gen.validate(answers)
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "message"),
+    [
+        ("v5p-3", "'v5p-3' is not a v5p slice; v5p sizes are 8, 16, 32, 64, 128, 256, 384, ..."),
+        ("v4-6", "'v4-6' is not a v4 slice; v4 sizes are 8, 16, 32"),
+        ("v4-08", "'v4-08' is not a v4 slice"),
+        ("v5litepod-2", "'v5litepod-2' is not a v5litepod slice; v5litepod sizes are 1, 4, 8"),
+        ("v5p", "'v5p' is not a v5p slice"),
+        ("v9-8", "'v9-8' is not a TPU type the template knows"),
+        ("v5e-8", "(v5e is v5litepod)"),
+        ("V4-8", "'V4-8' is not a TPU type"),
+    ],
+)
+def test_refuses_slices_the_generation_does_not_offer(
+    pre_gen: ModuleType, accelerator: str, message: str
+) -> None:
+    """It refuses impossible sizes and unknown generations, naming the allowed sizes."""
+    with pytest.raises(pre_gen.InvalidAnswer) as raised:
+        pre_gen.check_accelerator_type(accelerator, TPU_GENERATIONS)
+    assert message in str(raised.value)
+
+
+def test_reads_the_table_from_the_answers(pre_gen: ModuleType) -> None:
+    """It takes slice sizes from the table it is given, not from a copy of its own."""
+    shrunk = {**TPU_GENERATIONS, "v5p": {**TPU_GENERATIONS["v5p"], "slice_sizes": [8]}}
+    pre_gen.check_accelerator_type("v5p-16", TPU_GENERATIONS)
+    with pytest.raises(pre_gen.InvalidAnswer, match="v5p sizes are 8"):
+        pre_gen.check_accelerator_type("v5p-16", shrunk)
 
 
 @pytest.mark.parametrize(
     ("hook_constant", "key"),
     [
-        ("ACCELERATOR_TYPES", "accelerator_type"),
         ("PYTHON_VERSIONS", "python_version"),
         ("PRECISIONS", "precision"),
         ("STRATEGIES", "strategy"),
@@ -77,7 +115,11 @@ def test_choices_match_cookiecutter_json(pre_gen: ModuleType, hook_constant: str
         ({"gcp_project": "a" * 31}, "is not a Google Cloud project id"),
         ({"docker_image": ""}, "docker_image '' is not a Docker image name"),
         ({"docker_image": "Registry/Image"}, "docker_image 'Registry/Image' is not a Docker"),
-        ({"accelerator_type": "v5p-8"}, "accelerator_type 'v5p-8' is unknown"),
+        ({"accelerator_type": "v5p-3"}, "accelerator_type 'v5p-3' is not a v5p slice"),
+        (
+            {"accelerator_type": "v5p-16", "runtime_version": "v2-alpha-tpuv5-lite"},
+            "use v2-alpha-tpuv5",
+        ),
         (
             {"accelerator_type": "v6e-16", "runtime_version": "v2-alpha-tpuv5-lite"},
             "'v2-alpha-tpuv5-lite' does not run on v6e-16; use v2-alpha-tpuv6e",
@@ -95,7 +137,7 @@ def test_rejects_bad_answer_with_message(
 ) -> None:
     """It rejects the bad answer with a message naming the value and the fix."""
     with pytest.raises(pre_gen.InvalidAnswer) as raised:
-        pre_gen.validate({**VALID_ANSWERS, **overrides})
+        pre_gen.validate({**HOOK_ANSWERS, **overrides})
     assert message in str(raised.value)
 
 
@@ -112,12 +154,12 @@ def test_accepts_legacy_runtimes_on_their_generation(
     pre_gen: ModuleType, accelerator: str, runtime: str
 ) -> None:
     """It accepts the legacy TPU VM images on the generations they boot."""
-    pre_gen.check_runtime_version(runtime, accelerator)
+    pre_gen.check_runtime_version(runtime, accelerator, TPU_GENERATIONS)
 
 
 def test_rejects_template_syntax_in_the_raw_answer(pre_gen: ModuleType) -> None:
     """It spots Jinja in an answer even after cookiecutter rendered it away."""
-    rendered = {**VALID_ANSWERS, "project_name": "Model 49"}
+    rendered = {**HOOK_ANSWERS, "project_name": "Model 49"}
     raw = {**VALID_ANSWERS, "project_name": "Model {{ 7*7 }}"}
     with pytest.raises(pre_gen.InvalidAnswer, match="contains template syntax"):
         pre_gen.validate(rendered, raw)
@@ -127,7 +169,7 @@ def test_run_prints_one_error_line_and_returns_1(
     pre_gen: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """It reports a bad answer as a single ERROR line on stderr and exit code 1."""
-    code = pre_gen.run({**VALID_ANSWERS, "zone": "moon"})
+    code = pre_gen.run({**HOOK_ANSWERS, "zone": "moon"})
     captured = capsys.readouterr()
     assert code == 1
     assert captured.out == ""
@@ -141,7 +183,7 @@ def test_run_reports_a_missing_answer_as_one_line(
     pre_gen: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """It names a missing answer instead of raising a traceback."""
-    answers = {k: v for k, v in VALID_ANSWERS.items() if k != "zone"}
+    answers = {k: v for k, v in HOOK_ANSWERS.items() if k != "zone"}
     assert pre_gen.run(answers) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1
@@ -152,7 +194,7 @@ def test_run_returns_0_silently_for_valid_answers(
     pre_gen: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """It stays quiet and returns 0 when every answer is valid."""
-    assert pre_gen.run(VALID_ANSWERS) == 0
+    assert pre_gen.run(HOOK_ANSWERS) == 0
     assert capsys.readouterr() == ("", "")
 
 

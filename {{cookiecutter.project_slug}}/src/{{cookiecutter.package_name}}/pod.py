@@ -1,12 +1,13 @@
 """Run one command on every worker of a TPU pod through `gcloud compute tpus tpu-vm ssh`.
 
-One ssh per worker (`--worker=I`), so every output line carries its worker and the
-first failing worker stops the others. Nothing here imports torch_xla.
+One ssh (or scp) per worker (`--worker=I`), so every output line carries its worker and
+the first failing worker stops the others. Nothing here imports torch_xla.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -18,6 +19,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
 from typing import Any, TextIO
 
 from .core.runtime import RuntimeConfigError, topology
@@ -44,69 +47,17 @@ DEVICE_PATTERNS = ("/dev/accel*", "/dev/vfio/*")
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
 STOP_GRACE_SECONDS = 10.0
 
-# Frees the TPU on one worker. Arguments: the libtpu lockfile, then device globs.
-KILL_SNIPPET = r"""{% raw %}
-set -u
-alive() {  # a zombie has let go of its files already
-    local state
-    state="$(ps -o stat= -p "$1" 2>/dev/null)" || return 1
-    [ "${state#Z}" = "$state" ]
-}
-lockfile="$1"
-shift
-shopt -s nullglob
-devices=()
-for pattern in "$@"; do
-    # shellcheck disable=SC2206  # the pattern is meant to expand here
-    devices+=($pattern)
-done
-pids=""
-if [ "${#devices[@]}" -gt 0 ]; then
-    if command -v lsof >/dev/null 2>&1; then
-        pids="$(lsof -t -- "${devices[@]}" 2>/dev/null | sort -u | tr '\n' ' ')"
-    else
-        pids="$(fuser -- "${devices[@]}" 2>/dev/null | tr -s ' ')"
-    fi
-fi
-if [ -n "${pids// /}" ]; then
-    echo "stopping $pids (holding ${devices[*]})"
-    # shellcheck disable=SC2086  # one word per pid
-    kill -TERM $pids 2>/dev/null || true
-    for _ in 1 2 3 4 5 6 7 8 9 10; do
-        left=""
-        for pid in $pids; do
-            if alive "$pid"; then left="$left $pid"; fi
-        done
-        [ -z "$left" ] && break
-        sleep 1
-    done
-    for pid in $pids; do
-        if alive "$pid"; then
-            echo "killing $pid"
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-    done
-else
-    echo "no process holds the TPU"
-fi
-if [ -e "$lockfile" ]; then
-    rm -f -- "$lockfile"
-    echo "removed $lockfile"
-fi
-{% endraw %}"""
+# Shell run on the workers, shipped as package data: pod_kill.sh frees the TPU, pod_status.sh
+# reads the startup script's marker and log. Sent as text, so workers need nothing installed.
+KILL_SCRIPT = "pod_kill.sh"
+STATUS_SCRIPT = "pod_status.sh"
+# gcloud creates its ssh key on first use; parallel first uses race to create the same file.
+GCLOUD_SSH_KEY = Path("~/.ssh/google_compute_engine")
 
-# Readiness of one worker from the startup script's marker. Arguments: marker, log.
-STATUS_SNIPPET = r"""
-marker="$1"
-log="$2"
-last="$(tail -n 1 -- "$log" 2>/dev/null || echo "no log at $log")"
-if [ -f "$marker" ]; then
-    echo "ready: $last"
-else
-    echo "not ready: $last"
-    exit 1
-fi
-"""
+
+def shell_script(name: str) -> str:
+    """The text of one of the package's shell files."""
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
 class PodError(ValueError):
@@ -129,10 +80,10 @@ class Target:
     def ssh(self, worker: int | str, command: str) -> list[str]:
         return [*self._base("ssh"), f"--worker={worker}", "--command", command]
 
-    def scp(self, sources: Sequence[str], destination: str) -> list[str]:
+    def scp(self, worker: int | str, sources: Sequence[str], destination: str) -> list[str]:
         scope = ["--zone", self.zone, *(["--project", self.project] if self.project else [])]
         base = [*self.gcloud, "compute", "tpus", "tpu-vm", "scp", "--recurse", *sources]
-        return [*base, f"{self.name}:{destination}", *scope, "--worker=all"]
+        return [*base, f"{self.name}:{destination}", *scope, f"--worker={worker}"]
 
     def describe(self) -> list[str]:
         return [*self._base("describe"), "--format=json"]
@@ -210,11 +161,11 @@ def snippet_command(snippet: str, args: Sequence[str], as_root: bool) -> str:
 
 
 def kill_command(lockfile: str = LIBTPU_LOCKFILE, patterns: Sequence[str] = DEVICE_PATTERNS) -> str:
-    return snippet_command(KILL_SNIPPET, [lockfile, *patterns], as_root=True)
+    return snippet_command(shell_script(KILL_SCRIPT), [lockfile, *patterns], as_root=True)
 
 
 def status_command(marker: str, log: str) -> str:
-    return snippet_command(STATUS_SNIPPET, [marker, log], as_root=False)
+    return snippet_command(shell_script(STATUS_SCRIPT), [marker, log], as_root=False)
 
 
 def install_command(python: str) -> str:
@@ -283,8 +234,62 @@ def run_on_workers(
     Connections open `batch_size` at a time, `batch_delay` seconds apart (ssh rate
     limits), and all stay open together: pod workers must run at the same time.
     """
+    argv = functools.partial(target.ssh, command=command)
+    return fan_out(target, argv, workers, batch_size, batch_delay, fail_fast, out)
+
+
+def copy_to_workers(
+    target: Target,
+    sources: Sequence[str],
+    destination: str,
+    workers: int,
+    batch_size: int = 64,
+    out: TextIO | None = None,
+) -> Outcome:
+    """Copy local paths to `destination` on every worker, one `scp --worker=I` each.
+
+    One copy per worker, as for commands: output and failures name their worker, and
+    gcloud needs no ssh-agent (its `--worker=all` refuses to start when an agent runs
+    without its key).
+    """
+    argv = functools.partial(target.scp, sources=sources, destination=destination)
+    return fan_out(target, argv, workers, batch_size, 1.0, True, out)
+
+
+def ensure_ssh_key(target: Target) -> None:
+    """Let gcloud create its ssh key with one connection before connections go out at once.
+
+    On its first use gcloud generates `~/.ssh/google_compute_engine`; several first
+    uses at the same time each try to create it, and all but one fail. A failure of
+    this first connection is left to the real ones to report.
+    """
+    if GCLOUD_SSH_KEY.expanduser().exists():
+        return
+    print(f"pod: creating gcloud's ssh key ({GCLOUD_SSH_KEY}) through worker 0", file=sys.stderr)
+    try:
+        subprocess.run(
+            target.ssh(0, "true"), stdin=subprocess.DEVNULL, capture_output=True, check=False
+        )
+    except OSError as error:
+        raise PodError(
+            f"cannot run {target.gcloud[0]!r} ({error.strerror}): install the gcloud CLI"
+        ) from None
+
+
+def fan_out(
+    target: Target,
+    argv: Callable[[int], list[str]],
+    workers: int,
+    batch_size: int = 64,
+    batch_delay: float = 1.0,
+    fail_fast: bool = True,
+    out: TextIO | None = None,
+) -> Outcome:
+    """Run `argv(worker)` for every worker at once, prefixing each output line."""
     if workers < 1 or batch_size < 1:
         raise PodError("--workers and --batch-size must be positive")
+    if workers > 1:
+        ensure_ssh_key(target)
     stream = out or sys.stdout
     lock = threading.Lock()
     finished: queue.Queue[tuple[int, int]] = queue.Queue()
@@ -312,7 +317,7 @@ def run_on_workers(
             if failed:
                 break
             for worker in range(start, min(start + batch_size, workers)):
-                procs[worker] = proc = _spawn(target.ssh(worker, command))
+                procs[worker] = proc = _spawn(argv(worker))
                 readers.append(threading.Thread(target=relay, args=(worker, proc), daemon=True))
                 readers[-1].start()
                 threading.Thread(target=watch, args=(worker, proc), daemon=True).start()

@@ -1,4 +1,4 @@
-"""`{{ cookiecutter.project_slug }} pod run|sync|train|kill|status`: the same command on every TPU worker."""
+"""The `pod` commands (run, sync, train, kill, status): the same command on every TPU worker."""
 
 from __future__ import annotations
 
@@ -100,6 +100,19 @@ class Launch:
         except pod.PodError as error:
             fail(str(error))
 
+    def copy(self, sources: list[str], destination: str) -> pod.Outcome:
+        """Copy local paths to every worker (or print the scp commands)."""
+        if self.dry_run:
+            for worker in range(self.workers):
+                typer.echo(shlex.join(self.target.scp(worker, sources, destination)))
+            return pod.Outcome({w: 0 for w in range(self.workers)})
+        try:
+            return pod.copy_to_workers(
+                self.target, sources, destination, self.workers, self.batch_size
+            )
+        except pod.PodError as error:
+            fail(str(error))
+
     def finish(self, outcome: pod.Outcome) -> None:
         if not self.dry_run:
             typer.echo(outcome.summary(), err=True)
@@ -189,16 +202,12 @@ def sync(
     prepared = launch.run(f"mkdir -p {shlex.quote(remote_dir)}")
     if prepared.exit_code:
         launch.finish(prepared)
-    scp = launch.target.scp(sources, remote_dir + "/")
-    if dry_run:
-        typer.echo(shlex.join(scp))
-    else:
-        copied = subprocess.run(scp, check=False).returncode
-        if copied:
-            typer.echo(f"pod: copying to the workers failed (exit {copied})", err=True)
-            raise typer.Exit(copied)
+    copied = launch.copy(sources, remote_dir + "/")
+    if copied.exit_code:
+        typer.echo("pod: copying to the workers failed", err=True)
+        launch.finish(copied)
     if not install:
-        launch.finish(prepared)
+        launch.finish(copied)
     launch.finish(launch.run(pod.remote_command(pod.install_command(python), {}, remote_dir)))
 
 

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from . import tpu_generations
+
 ACCELERATORS = ("auto", "tpu", "cpu")
-# TPU generations whose chips expose two TensorCores as two devices.
-_TWO_CORES_PER_CHIP = ("v2", "v3")
 
 
 class RuntimeConfigError(ValueError):
@@ -36,29 +36,27 @@ class Topology:
         return self.hosts * self.devices_per_host
 
 
+def _slice(accelerator_type: str) -> tuple[tpu_generations.Generation, int]:
+    try:
+        return tpu_generations.parse(accelerator_type)
+    except tpu_generations.UnknownAcceleratorType as error:
+        raise RuntimeConfigError(str(error)) from None
+
+
 def topology(accelerator_type: str) -> Topology:
-    """Return the host/device layout of an accelerator type (`v3-8`, `v5litepod-16`, ...)."""
-    generation, _, size_text = accelerator_type.partition("-")
-    if not size_text.isdigit() or int(size_text) <= 0:
-        raise RuntimeConfigError(
-            f"unknown accelerator type {accelerator_type!r}: expected e.g. v4-8"
-        )
-    size = int(size_text)
-    if generation in _TWO_CORES_PER_CHIP:
-        # The suffix counts TensorCores; each host has 4 chips = 8 devices.
-        return Topology(hosts=max(1, size // 8), devices_per_host=min(8, size))
-    if generation == "v4":
-        # The suffix counts TensorCores, but megacore fuses a chip's two into one device.
-        chips = max(1, size // 2)
-        return Topology(hosts=max(1, chips // 4), devices_per_host=min(4, chips))
-    if generation in ("v5litepod", "v5e", "v6e", "v5p"):
-        if generation == "v5p":
-            chips = max(1, size // 2)
-            return Topology(hosts=max(1, chips // 4), devices_per_host=min(4, chips))
-        if size <= 8:
-            return Topology(hosts=1, devices_per_host=size)
-        return Topology(hosts=size // 4, devices_per_host=4)
-    raise RuntimeConfigError(f"unknown accelerator type {accelerator_type!r}: expected e.g. v4-8")
+    """Return the host/device layout of an accelerator type (`v3-8`, `v5p-16`, ...)."""
+    generation, size = _slice(accelerator_type)
+    return Topology(generation.hosts(size), generation.devices_per_host(size))
+
+
+def devices_per_host(accelerator_type: str) -> int:
+    """XLA devices on each host of the slice (8 on v3-8, 4 on v4-8 and v5p-16)."""
+    return topology(accelerator_type).devices_per_host
+
+
+def peak_bf16_flops_per_chip(accelerator_type: str) -> float:
+    """Peak bf16 FLOP/s of one chip of the slice's generation (for MFU)."""
+    return _slice(accelerator_type)[0].peak_bf16_flops_per_chip
 
 
 def tpu_present() -> bool:

@@ -1,0 +1,411 @@
+"""The gcloud tier: a baked pod project's own make targets, through the real gcloud CLI and
+real ssh, against a local stand-in of the Cloud TPU API.
+
+The project is baked for v5p-16 (2 hosts of 4 chips). The stand-in (tpu_api_standin.py)
+serves the TPU API and records every REST request; its node's two workers are
+127.0.0.2 and 127.0.0.3, each with its own sshd and its own file system
+(pod_workers.py). `make tpu-create` (plain, SPOT=1, QUEUED=1), `tpu-status`, `pod-sync`,
+`train-pod` (2 steps on XLA:CPU on every worker), `pod-kill` and `tpu-delete` run as a
+user runs them; the tests assert the requests gcloud sent and each worker's output.
+The workers' image comes with the runtime: a virtual environment at the startup
+script's place whose packages are this test run's (torch, torch_xla), so the startup
+script finds them installed instead of downloading them.
+
+Needs the gcloud CLI, root, and sshd (installed from Debian's openssh-server when
+missing). Without them the tier skips with the reason, unless
+TPU_TEMPLATE_REQUIRE_GCLOUD=1 (CI), where it fails. The transcript (every make target,
+the REST calls it caused, each worker's output) is written to the pytest tmp dir; its
+path is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pod_workers import Pod, WorkersUnavailable, start_pod
+from tpu_api_standin import Request, StandIn
+
+pytestmark = pytest.mark.gcloud
+
+ACCELERATOR_TYPE = "v5p-16"
+ZONE = "us-east5-a"  # v5p's first zone: the baked default
+RUNTIME = "v2-alpha-tpuv5"
+GCP_PROJECT = "my-gcp-project"
+SLUG = "tpu-project"
+PACKAGE = "tpu_project"
+WORKERS = 2
+VENV = f"/opt/{SLUG}/.venv"  # where the startup script keeps the runtime
+LOCATION = f"/v2/projects/{GCP_PROJECT}/locations/{ZONE}"
+NODE = f"{LOCATION}/nodes/{SLUG}"
+MAKE_TIMEOUT = 600
+# The example task shrunk to seconds on XLA:CPU.
+TINY = {
+    "task": "lm",
+    "batch_size": 8,
+    "eval_batch_size": 16,
+    "task_options": {"seq_len": 16, "dim": 32, "layers": 1, "heads": 2, "max_bytes": 40000},
+}
+
+
+def unavailable(reason: str) -> None:
+    """Skip the tier, or fail it when TPU_TEMPLATE_REQUIRE_GCLOUD=1."""
+    if os.environ.get("TPU_TEMPLATE_REQUIRE_GCLOUD") == "1":
+        pytest.fail(f"{reason} (required by TPU_TEMPLATE_REQUIRE_GCLOUD=1)", pytrace=False)
+    pytest.skip(reason)
+
+
+@dataclass
+class Transcript:
+    """What the tier did, in order: make targets, REST calls, output."""
+
+    path: Path
+
+    def write(self, text: str) -> None:
+        with self.path.open("a", encoding="utf-8") as stream:
+            stream.write(text)
+
+
+@dataclass
+class Ran:
+    """One make target: its command line, exit code, output and the REST calls it caused."""
+
+    command: str
+    returncode: int
+    stdout: str
+    stderr: str
+    calls: list[Request]
+
+    def lines(self, worker: int) -> list[str]:
+        """Worker `worker`'s output lines, without their prefix."""
+        prefix = f"[worker {worker}] "
+        return [line[len(prefix) :] for line in self.stdout.splitlines() if line.startswith(prefix)]
+
+
+def call_line(request: Request) -> str:
+    """A request for the transcript: the startup script's text shortened to its size."""
+    body = json.dumps(request.body, sort_keys=True) if request.body is not None else ""
+    if isinstance(request.body, dict):
+        shown = json.loads(json.dumps(request.body))
+        for metadata in _metadata_dicts(shown):
+            for key in ("startup-script", "ssh-keys"):
+                if key in metadata:
+                    metadata[key] = f"<{key}: {len(metadata[key])} characters>"
+        body = json.dumps(shown, sort_keys=True)
+    return f"  {request.line()} {body}".rstrip()
+
+
+def _metadata_dicts(value: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(value, dict):
+        if isinstance(value.get("metadata"), dict):
+            yield value["metadata"]
+        for item in value.values():
+            yield from _metadata_dicts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _metadata_dicts(item)
+
+
+@pytest.fixture(scope="module")
+def tier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gcloud-tier")
+
+
+@pytest.fixture(scope="module")
+def transcript(tier_dir: Path) -> Iterator[Transcript]:
+    """The rehearsal's transcript file; its path is printed at the start and the end."""
+    record = Transcript(tier_dir / "transcript.md")
+    record.write("# make targets of a baked v5p-16 project, through gcloud and ssh\n\n")
+    print(f"\ngcloud tier transcript: {record.path}")
+    started = time.monotonic()
+    yield record
+    record.write(f"\n[tier took {time.monotonic() - started:.0f} s]\n")
+    print(f"\ngcloud tier transcript: {record.path}")
+
+
+@pytest.fixture(scope="module")
+def gcloud() -> str:
+    found = shutil.which("gcloud")
+    if not found:
+        unavailable("the gcloud CLI is not installed")
+    assert found
+    return found
+
+
+@pytest.fixture(scope="module")
+def pod(gcloud: str, tier_dir: Path) -> Iterator[Pod]:
+    """Two workers, each behind its own sshd on 127.0.0.2 and 127.0.0.3."""
+    try:
+        workers = start_pod(tier_dir / "pod", WORKERS)
+    except WorkersUnavailable as error:
+        unavailable(f"no pod workers here: {error}")
+        raise
+    yield workers
+    workers.stop()
+
+
+@pytest.fixture(scope="module")
+def standin(pod: Pod) -> Iterator[StandIn]:
+    """The TPU API stand-in, booting the pod's workers when a node is created."""
+    api = StandIn(
+        workers=[w.address for w in pod.workers],
+        host_keys=[w.host_key for w in pod.workers],
+        authorized_keys=pod.authorized_keys,
+        boot=pod.boot,
+    ).start()
+    yield api
+    api.wait_for_boots()
+    api.stop()
+
+
+@pytest.fixture(scope="module")
+def project(
+    tier_dir: Path, run_cookiecutter: Callable[..., subprocess.CompletedProcess[str]]
+) -> Path:
+    """The default bake for v5p-16, with a tiny training config for the rehearsal."""
+    out = tier_dir / "bake"
+    out.mkdir()
+    baked = run_cookiecutter(out, context={"accelerator_type": ACCELERATOR_TYPE})
+    assert baked.returncode == 0, baked.stderr
+    path = out / SLUG
+    (path / "configs" / "rehearsal.yaml").write_text(yaml.safe_dump(TINY), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def image(pod: Pod) -> None:
+    """Give every worker the runtime its image would get from the startup script."""
+    site_packages = sysconfig.get_paths()["purelib"]
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    pth = f"{VENV}/lib/{version}/site-packages/runtime-from-image.pth"
+    command = (
+        f"{shlex.quote(base_python)} -m venv --without-pip {VENV} && "
+        f"echo {shlex.quote(site_packages)} > {pth}"
+    )
+    for worker in range(WORKERS):
+        made = pod.run(worker, command)
+        assert made.returncode == 0, made.stdout + made.stderr
+
+
+@pytest.fixture(scope="module")
+def make(
+    project: Path,
+    standin: StandIn,
+    image: None,
+    transcript: Transcript,
+    tier_dir: Path,
+) -> Callable[..., Ran]:
+    """`make TARGET VAR=...` in the baked project, as a user with gcloud would run it."""
+    client = tier_dir / "client-home"  # gcloud's config and ssh key live here
+    (client / "gcloud").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLOUDSDK_", "SSH_"))}
+    env.update(standin.gcloud_environment(client / "gcloud", GCP_PROJECT))
+    env.update(
+        HOME=str(client),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=str(project / "src"),
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("PYTEST_ADDOPTS", None)
+
+    def run(*args: str) -> Ran:
+        first = len(standin.requests)
+        command = ["make", "--no-print-directory", f"VENV={sys.prefix}", *args]
+        started = time.monotonic()
+        result = subprocess.run(
+            command,
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=MAKE_TIMEOUT,
+            check=False,
+        )
+        ran = Ran(
+            shlex.join(["make", *args]),
+            result.returncode,
+            result.stdout,
+            result.stderr,
+            standin.requests[first:],
+        )
+        transcript.write(
+            f"## $ {ran.command}\n\n[exit {ran.returncode} after "
+            f"{time.monotonic() - started:.1f} s]\n\nREST calls:\n"
+            + "".join(call_line(call) + "\n" for call in ran.calls)
+            + f"\nstdout:\n{ran.stdout}\nstderr:\n{ran.stderr}\n"
+        )
+        return ran
+
+    return run
+
+
+def succeeded(ran: Ran) -> None:
+    assert ran.returncode == 0, f"{ran.command} exited {ran.returncode}\n{ran.stdout}{ran.stderr}"
+
+
+def node_body(ran: Ran) -> dict[str, Any]:
+    (create,) = [c for c in ran.calls if c.method == "POST" and c.path == f"{LOCATION}/nodes"]
+    assert create.query["nodeId"] == [SLUG]
+    return dict(create.body)
+
+
+def test_tpu_create_sends_the_node_with_its_startup_script(
+    make: Callable[..., Ran], project: Path
+) -> None:
+    """It creates the TPU VM with the type, runtime and startup script, on-demand."""
+    ran = make("tpu-create")
+    succeeded(ran)
+    body = node_body(ran)
+    assert body["acceleratorType"] == ACCELERATOR_TYPE
+    assert body["runtimeVersion"] == RUNTIME
+    startup = (project / "scripts" / "tpu-startup.sh").read_text(encoding="utf-8")
+    assert body["metadata"] == {"startup-script": startup}
+    assert body["schedulingConfig"] == {"preemptible": False, "reserved": False, "spot": False}
+
+
+def test_tpu_status_shows_the_startup_script_done_on_every_worker(
+    make: Callable[..., Ran], standin: StandIn, pod: Pod
+) -> None:
+    """It reports READY, each worker's startup progress and readiness, as the user polls it."""
+    deadline = time.monotonic() + 120
+    while True:
+        ran = make("tpu-status")
+        if ran.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    boots = [
+        (w.folder / "boot.log").read_text() for w in pod.workers if (w.folder / "boot.log").exists()
+    ]
+    assert ran.returncode == 0, f"{ran.stdout}{ran.stderr}\nboot logs: {boots}"
+    assert f"READY\tHEALTHY\t{ACCELERATOR_TYPE}" in ran.stdout.splitlines()
+    guest = [line.split() for line in ran.stdout.splitlines() if line.startswith(SLUG)]
+    assert [(row[1], row[2], " ".join(row[3:])) for row in guest] == [
+        ("startup", str(w), "4/4 ready") for w in range(WORKERS)
+    ]
+    for worker in range(WORKERS):
+        (line,) = [line for line in ran.lines(worker) if "ready: " in line]
+        assert line.startswith("ready: ") and line.endswith("step 4/4: ready"), line
+    assert f"pod: {WORKERS}/{WORKERS} workers ready" in ran.stderr
+    queries = [c.body for c in ran.calls if c.path.endswith(":getGuestAttributes")]
+    assert {"queryPath": f"{SLUG}/"} in queries
+    # gcloud had no ssh key: one first connection made it and put it in the node's metadata.
+    patches = [c for c in standin.requests if c.method == "PATCH"]
+    assert [c.query["updateMask"] for c in patches] == [["metadata"]]
+    ssh_keys = patches[0].body["metadata"]["ssh-keys"]
+    assert ssh_keys.strip().startswith("root:ssh-rsa ")
+    assert ssh_keys.split(":", 1)[1].strip() in pod.authorized_keys.read_text()
+    for each in pod.workers:
+        log = each.path(f"/var/log/{SLUG}-startup.log").read_text()
+        assert "torch 2.9.0 is installed" in log, log
+
+
+def test_pod_sync_copies_and_installs_the_project_on_every_worker(
+    make: Callable[..., Ran], pod: Pod, project: Path
+) -> None:
+    """It copies the project into each worker's own home and installs it into its runtime."""
+    ran = make("pod-sync")
+    succeeded(ran)
+    assert f"pod: {WORKERS}/{WORKERS} workers succeeded" in ran.stderr
+    source = project / "src" / PACKAGE / "pod.py"
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for worker in pod.workers:
+        copy = worker.home / SLUG
+        assert (copy / "src" / PACKAGE / "pod.py").read_bytes() == source.read_bytes()
+        assert (copy / "configs" / "rehearsal.yaml").is_file()
+        installed = worker.path(f"{VENV}/lib/{version}/site-packages")
+        assert list(installed.glob(f"{PACKAGE.replace('_', '?')}-0.1.0.dist-info")), list(
+            installed.iterdir()
+        )
+
+
+def test_train_pod_trains_two_steps_on_every_worker(make: Callable[..., Ran], pod: Pod) -> None:
+    """It trains on every worker at once through gcloud ssh, each line marked with its worker."""
+    ran = make(
+        "train-pod",
+        "POD_TRAIN=--accelerator cpu --devices 1",
+        "ARGS=--config configs/rehearsal.yaml --max-steps 2 --log-every 1 --eval-every 0",
+    )
+    succeeded(ran)
+    for worker in range(WORKERS):
+        lines = ran.lines(worker)
+        assert any(line.startswith("step 2 train loss=") for line in lines), lines
+        assert any("completed: 2 steps" in line for line in lines), lines
+        summary = pod.workers[worker].home / SLUG / "runs" / "default" / "summary.json"
+        assert summary.is_file()
+    assert f"pod: {WORKERS}/{WORKERS} workers succeeded" in ran.stderr
+    # One gcloud ssh per worker, each asking for its worker's host key; no key to add.
+    guest = [c.body for c in ran.calls if c.path == f"{NODE}:getGuestAttributes"]
+    assert sorted(b["workerIds"] for b in guest) == [[str(w)] for w in range(WORKERS)]
+    assert not [c for c in ran.calls if c.method == "PATCH"]
+
+
+def test_pod_kill_frees_the_tpu_on_every_worker(make: Callable[..., Ran], pod: Pod) -> None:
+    """It runs the kill script on every worker and drops each worker's own libtpu lockfile."""
+    for worker in pod.workers:
+        worker.path("/tmp/libtpu_lockfile").touch()
+    ran = make("pod-kill")
+    succeeded(ran)
+    for worker in pod.workers:
+        assert ran.lines(worker.index)[-2:] == [
+            "no process holds the TPU",
+            "removed /tmp/libtpu_lockfile",
+        ]
+        assert not worker.path("/tmp/libtpu_lockfile").exists()
+
+
+def test_tpu_delete_deletes_the_node(make: Callable[..., Ran], standin: StandIn) -> None:
+    """It deletes the TPU VM; describing it afterwards fails with gcloud's NOT_FOUND."""
+    ran = make("tpu-delete")
+    succeeded(ran)
+    assert [c.line() for c in ran.calls if c.method == "DELETE"] == [f"DELETE {NODE}?alt=json"]
+    assert standin.nodes == {}
+    gone = make("tpu-status")
+    assert gone.returncode != 0
+    assert "NOT_FOUND" in gone.stderr
+
+
+def test_spot_tpu_create_asks_for_spot_scheduling(make: Callable[..., Ran]) -> None:
+    """It creates a spot TPU VM with SPOT=1."""
+    ran = make("tpu-create", "SPOT=1")
+    succeeded(ran)
+    body = node_body(ran)
+    assert body["schedulingConfig"] == {"preemptible": False, "reserved": False, "spot": True}
+    assert body["acceleratorType"] == ACCELERATOR_TYPE
+    succeeded(make("tpu-delete"))
+
+
+def test_queued_tpu_create_sends_a_queued_resource(
+    make: Callable[..., Ran], standin: StandIn
+) -> None:
+    """It asks for a queued resource with QUEUED=1 and deletes it with its TPU."""
+    ran = make("tpu-create", "QUEUED=1", "SPOT=1")
+    succeeded(ran)
+    (create,) = [c for c in ran.calls if c.method == "POST"]
+    assert create.path == f"{LOCATION}/queuedResources"
+    assert create.query["queuedResourceId"] == [SLUG]
+    (spec,) = create.body["tpu"]["nodeSpec"]
+    assert spec["nodeId"] == SLUG
+    assert spec["node"]["acceleratorType"] == ACCELERATOR_TYPE
+    assert spec["node"]["runtimeVersion"] == RUNTIME
+    assert spec["node"]["metadata"]["startup-script"].startswith("#!/usr/bin/env bash\n")
+    assert create.body["spot"] == {}
+    deleted = make("tpu-delete", "QUEUED=1")
+    succeeded(deleted)
+    (delete,) = [c for c in deleted.calls if c.method == "DELETE"]
+    assert delete.path == f"{LOCATION}/queuedResources/{SLUG}"
+    assert delete.query["force"] == ["True"]
+    assert standin.nodes == {} and standin.queued_resources == {}

@@ -1,0 +1,106 @@
+"""The TPU generations this project knows, from one table: `tpu_generations.json`.
+
+Per generation: chips per host, devices per chip, the slice sizes Cloud TPU offers,
+runtime versions and zones (the first of each is the default) and the peak bf16
+FLOPs of one chip. `docs/tpu-generations.md` shows the same table with its sources.
+An accelerator type is GENERATION-SIZE; the size counts TensorCores, which is the
+chip count on generations with one TensorCore per chip (v5e, v6e).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+TABLE = "tpu_generations.json"
+_SIZE = re.compile(r"[1-9][0-9]*")
+
+
+class UnknownAcceleratorType(ValueError):
+    """An accelerator type that names no generation, or a slice size it does not offer."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One TPU generation, as the accelerator types name it (`v5litepod`, `v4`, ...)."""
+
+    key: str
+    name: str
+    tensorcores_per_chip: int
+    devices_per_chip: int
+    chips_per_host: int
+    single_host_chips: int
+    slice_sizes: tuple[int, ...]
+    runtime_versions: tuple[str, ...]
+    zones: tuple[str, ...]
+    peak_bf16_tflops_per_chip: float
+    source: str
+
+    @classmethod
+    def from_entry(cls, key: str, entry: dict[str, Any]) -> Generation:
+        return cls(
+            key=key,
+            name=entry["name"],
+            tensorcores_per_chip=int(entry["tensorcores_per_chip"]),
+            devices_per_chip=int(entry["devices_per_chip"]),
+            chips_per_host=int(entry["chips_per_host"]),
+            single_host_chips=int(entry["single_host_chips"]),
+            slice_sizes=tuple(int(size) for size in entry["slice_sizes"]),
+            runtime_versions=tuple(entry["runtime_versions"]),
+            zones=tuple(entry["zones"]),
+            peak_bf16_tflops_per_chip=float(entry["peak_bf16_tflops_per_chip"]),
+            source=entry["source"],
+        )
+
+    @property
+    def peak_bf16_flops_per_chip(self) -> float:
+        return self.peak_bf16_tflops_per_chip * 1e12
+
+    def chips(self, size: int) -> int:
+        """Chips in a slice of this size (the size counts TensorCores)."""
+        return size // self.tensorcores_per_chip
+
+    def hosts(self, size: int) -> int:
+        """Hosts (TPU VM workers) of a slice: one up to `single_host_chips` chips."""
+        chips = self.chips(size)
+        return 1 if chips <= self.single_host_chips else chips // self.chips_per_host
+
+    def devices_per_host(self, size: int) -> int:
+        """XLA devices on each host: chips per host x devices per chip."""
+        chips_on_a_host = self.chips(size) // self.hosts(size)
+        return chips_on_a_host * self.devices_per_chip
+
+
+@cache
+def generations() -> dict[str, Generation]:
+    """Every generation of the table, by the name accelerator types use."""
+    text = resources.files(__package__).joinpath(TABLE).read_text(encoding="utf-8")
+    return {key: Generation.from_entry(key, entry) for key, entry in json.loads(text).items()}
+
+
+def _listed(sizes: tuple[int, ...], most: int = 8) -> str:
+    if len(sizes) <= most:
+        return ", ".join(map(str, sizes))
+    return f"{', '.join(map(str, sizes[: most - 1]))}, ... {sizes[-1]}"
+
+
+def parse(accelerator_type: str) -> tuple[Generation, int]:
+    """Split `v5p-16` into its generation and slice size; refuse sizes it does not offer."""
+    key, _, size = accelerator_type.partition("-")
+    known = generations()
+    if key not in known:
+        raise UnknownAcceleratorType(
+            f"unknown accelerator type {accelerator_type!r}: use GENERATION-SIZE with a "
+            f"generation among {', '.join(known)} (v5e is v5litepod), e.g. v4-8 or v5p-16"
+        )
+    generation = known[key]
+    if not _SIZE.fullmatch(size) or int(size) not in generation.slice_sizes:
+        raise UnknownAcceleratorType(
+            f"accelerator type {accelerator_type!r} is not a {key} slice: "
+            f"{key} sizes are {_listed(generation.slice_sizes)}"
+        )
+    return generation, int(size)
