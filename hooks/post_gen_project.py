@@ -18,19 +18,28 @@ from typing import Any
 
 # For each choice, the files that belong only to the options not chosen.
 # Paths are relative to the project root; `{package}` is the import name.
+# The files of each example task; the corpus helpers serve both text tasks.
+TASK_FILES: dict[str, tuple[str, ...]] = {
+    "lm": ("src/{package}/tasks/lm.py", "tests/test_task_lm.py", "configs/lm.toml"),
+    "vision": ("src/{package}/tasks/vision.py", "tests/test_task_vision.py", "configs/vision.toml"),
+    "hf-causal-lm": (
+        "src/{package}/tasks/hf_causal_lm.py",
+        "tests/test_task_hf_causal_lm.py",
+        "configs/hf-causal-lm.toml",
+    ),
+}
+TEXT_TASK_FILES = ("src/{package}/tasks/_corpus.py",)
+
+
+def _other_tasks(chosen: str) -> tuple[str, ...]:
+    files = [path for task, paths in TASK_FILES.items() if task != chosen for path in paths]
+    return tuple(files) + (TEXT_TASK_FILES if chosen == "vision" else ())
+
+
+# For each choice, the files that belong only to the options not chosen.
+# Paths are relative to the project root; `{package}` is the import name.
 PRUNE: dict[str, dict[str, tuple[str, ...]]] = {
-    "example_task": {
-        "lm": (
-            "src/{package}/tasks/vision.py",
-            "tests/test_task_vision.py",
-            "configs/vision.toml",
-        ),
-        "vision": (
-            "src/{package}/tasks/lm.py",
-            "tests/test_task_lm.py",
-            "configs/lm.toml",
-        ),
-    },
+    "example_task": {task: _other_tasks(task) for task in TASK_FILES},
 }
 
 ANSWERS_FILE = ".cookiecutter.json"

@@ -25,8 +25,8 @@ SIZE_RE = re.compile(r"[1-9][0-9]*")
 
 PYTHON_VERSIONS = ("3.11", "3.10", "3.12")
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
-STRATEGIES = ("auto", "single", "ddp", "spmd")
-EXAMPLE_TASKS = ("lm", "vision")
+STRATEGIES = ("auto", "single", "ddp", "spmd", "fsdp")
+EXAMPLE_TASKS = ("lm", "vision", "hf-causal-lm")
 
 # Import names the generated project, its tools or Python itself import (the
 # stdlib's `test` package is missing from sys.stdlib_module_names); a package

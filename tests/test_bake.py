@@ -25,6 +25,11 @@ TASK_FILES = {
         "tests/test_task_vision.py",
         "configs/vision.toml",
     ),
+    "hf-causal-lm": (
+        "tasks/hf_causal_lm.py",
+        "tests/test_task_hf_causal_lm.py",
+        "configs/hf-causal-lm.toml",
+    ),
 }
 
 

@@ -198,26 +198,19 @@ def test_run_returns_0_silently_for_valid_answers(
     assert capsys.readouterr() == ("", "")
 
 
+LM = ["src/tpu_project/tasks/lm.py", "tests/test_task_lm.py", "configs/lm.toml"]
+VISION = ["src/tpu_project/tasks/vision.py", "tests/test_task_vision.py", "configs/vision.toml"]
+HF = [
+    "src/tpu_project/tasks/hf_causal_lm.py",
+    "tests/test_task_hf_causal_lm.py",
+    "configs/hf-causal-lm.toml",
+]
+CORPUS = ["src/tpu_project/tasks/_corpus.py"]
+
+
 @pytest.mark.parametrize(
     ("task", "pruned"),
-    [
-        (
-            "lm",
-            [
-                "src/tpu_project/tasks/vision.py",
-                "tests/test_task_vision.py",
-                "configs/vision.toml",
-            ],
-        ),
-        (
-            "vision",
-            [
-                "src/tpu_project/tasks/lm.py",
-                "tests/test_task_lm.py",
-                "configs/lm.toml",
-            ],
-        ),
-    ],
+    [("lm", VISION + HF), ("vision", LM + HF + CORPUS), ("hf-causal-lm", LM + VISION)],
 )
 def test_prunes_the_files_of_the_unchosen_task(
     post_gen: ModuleType, tmp_path: Path, task: str, pruned: list[str]
@@ -226,8 +219,11 @@ def test_prunes_the_files_of_the_unchosen_task(
     present = [
         "src/tpu_project/tasks/lm.py",
         "src/tpu_project/tasks/vision.py",
+        "src/tpu_project/tasks/hf_causal_lm.py",
+        "src/tpu_project/tasks/_corpus.py",
         "tests/test_task_lm.py",
         "tests/test_task_vision.py",
+        "tests/test_task_hf_causal_lm.py",
     ]  # the configs stay absent on purpose
     for relative in present:
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)

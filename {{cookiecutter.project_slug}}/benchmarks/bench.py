@@ -211,7 +211,9 @@ def hand_written_fsdp(task: Any, total: int, devices: int) -> dict[str, Any]:
     torch.manual_seed(CONFIG.seed)
     model = move_to_device(task.build_model(), device)  # keeps the tied embedding tied
     block = getattr(task, "block_class", None)
-    policy = block and functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={block})
+    policy = block and functools.partial(
+        transformer_auto_wrap_policy, transformer_layer_cls={block}
+    )
     model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy)
     optimizer, scheduler = optimizer_and_schedule(model, total)
     loader = DataLoader(
@@ -281,9 +283,7 @@ def accelerate_loop(task: Any, total: int, devices: int, workload: str) -> dict[
     return clock.result()
 
 
-def trainer(
-    task: Any, total: int, devices: int, workload: str, saves: str = ""
-) -> dict[str, Any]:
+def trainer(task: Any, total: int, devices: int, workload: str, saves: str = "") -> dict[str, Any]:
     """The training loop through its public API, default features on, eval off.
 
     `saves` ("sync" or "async") checkpoints every CHECKPOINT_EVERY steps.

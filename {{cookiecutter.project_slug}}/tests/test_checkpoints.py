@@ -73,7 +73,10 @@ def test_checkpoints_evaluate_alike_on_one_device_and_fsdp_x8(uninterrupted: Any
     """It evaluates an fsdp x8 checkpoint on one device and a one-device one under fsdp x8."""
     _, reference = uninterrupted
     results = []
-    for args in (("--devices", "1", "--strategy", "single"), ("--devices", "8", "--strategy", "fsdp")):
+    for args in (
+        ("--devices", "1", "--strategy", "single"),
+        ("--devices", "8", "--strategy", "fsdp"),
+    ):
         done = cli("eval", "--checkpoint", str(reference / "checkpoints"), *args)
         assert done.returncode == 0, done.stderr[-3000:]
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -168,7 +171,9 @@ def test_hosts_agree_on_the_step_to_stop(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     command = [sys.executable, __file__]
     children = [
-        subprocess.Popen([*command, str(rank), str(port)], env=env, stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [*command, str(rank), str(port)], env=env, stdout=subprocess.PIPE, text=True
+        )
         for rank in (0, 1)
     ]
     stops = [int(child.communicate(timeout=120)[0].split()[-1]) for child in children]

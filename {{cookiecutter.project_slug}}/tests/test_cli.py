@@ -19,7 +19,14 @@ runner = CliRunner()
 @pytest.mark.parametrize(
     "command",
     [
-        [], ["train"], ["eval"], ["export"], ["profile"], ["debug"], ["doctor"], ["pod"],
+        [],
+        ["train"],
+        ["eval"],
+        ["export"],
+        ["profile"],
+        ["debug"],
+        ["doctor"],
+        ["pod"],
         ["config", "show"],
     ],
 )

@@ -69,6 +69,8 @@ def test_fsdp_keeps_tied_weights_one_parameter(fsdp_run: dict[str, Any]) -> None
     assert ties["before"] == ties["after"]
 {%- if cookiecutter.example_task == "lm" %}
     assert ties["groups"] == [["embed.weight", "head.weight"]]
+{%- elif cookiecutter.example_task == "hf-causal-lm" %}
+    assert ties["groups"] == [["transformer.wte.weight", "lm_head.weight"]]
 {%- endif %}
 
 

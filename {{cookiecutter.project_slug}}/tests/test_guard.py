@@ -17,7 +17,7 @@ from training_helpers import TINY
 
 # Batch sizes no other test uses, so this module's graphs compile here, cold; the
 # training and eval sets are not multiples of them (checked below).
-{% if cookiecutter.example_task == "lm" -%}
+{% if cookiecutter.example_task in ("lm", "hf-causal-lm") -%}
 SETTINGS: dict[str, Any] = {
     **TINY,
     "batch_size": 7,

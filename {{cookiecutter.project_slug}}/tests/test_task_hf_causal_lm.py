@@ -172,7 +172,7 @@ def cache_tiny_pretrained(hf_home: Path, repo_id: str) -> dict[str, float]:
     from tokenizers import ByteLevelBPETokenizer
     from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
-    from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import stdlib_corpus
+    from {{ cookiecutter.package_name }}.tasks._corpus import stdlib_corpus
 
     bpe = ByteLevelBPETokenizer()
     text = stdlib_corpus(50_000).decode("utf-8", errors="replace")

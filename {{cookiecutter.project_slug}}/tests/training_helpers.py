@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
-{% if cookiecutter.example_task == "lm" -%}
+{% if cookiecutter.example_task in ("lm", "hf-causal-lm") -%}
 TINY: dict[str, Any] = {
-    "task": "lm",
+    "task": "{{ cookiecutter.example_task }}",
     "batch_size": 8,
     "eval_batch_size": 16,
     "task_options": {"seq_len": 16, "dim": 32, "layers": 1, "heads": 2, "max_bytes": 40000},

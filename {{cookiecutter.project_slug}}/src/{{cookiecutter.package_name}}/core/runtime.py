@@ -174,9 +174,15 @@ def host_group() -> Any:
 
     if not dist.is_initialized():
         import torch_xla.distributed.xla_backend  # noqa: F401  (registers the xla:// rendezvous)
+        import torch_xla.runtime as xr
 
+        processes = xr.process_count() if xr.is_spmd() else xr.world_size()
         with _stdout_silenced():  # gloo prints a line per connection to stdout
-            dist.init_process_group("gloo", init_method="xla://")
+            if processes == 1:
+                # No rendezvous port: two runs on one machine must not meet (or collide).
+                dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            else:
+                dist.init_process_group("gloo", init_method="xla://")
     return dist.group.WORLD
 
 

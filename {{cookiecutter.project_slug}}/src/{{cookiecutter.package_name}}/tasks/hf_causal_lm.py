@@ -13,9 +13,7 @@ text file, a folder of text files, or `hf:NAME[:COLUMN]` for a Hugging Face data
 from __future__ import annotations
 
 import math
-import sysconfig
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,79 +23,13 @@ from torch.utils.data import Dataset
 from transformers import AutoConfig, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
+from ..core.layers import BlockStack
+from ._corpus import Windows, read_corpus, unigram_entropy
+
 Batch = dict[str, torch.Tensor]
 
 BYTE_VOCAB = 256  # the default vocabulary: bytes, no tokenizer needed
 ARCHITECTURE_OPTIONS = ("dim", "layers", "heads", "dropout")  # fixed by a pretrained model
-
-
-def stdlib_corpus(max_bytes: int) -> bytes:
-    """Concatenate sorted stdlib sources until `max_bytes` (deterministic on a given Python)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    chunks, size = [], 0
-    for path in sorted(root.glob("*.py")):
-        data = path.read_bytes()
-        chunks.append(data)
-        size += len(data)
-        if size >= max_bytes:
-            break
-    return b"".join(chunks)[:max_bytes]
-
-
-def read_corpus(source: str, max_bytes: int) -> bytes:
-    """Bytes of a text file, a folder of text files, or `hf:NAME[:COLUMN]`."""
-    if not source:
-        return stdlib_corpus(max_bytes)
-    if source.startswith("hf:"):
-        from datasets import load_dataset  # optional extra: pip install .[hf]
-
-        name, _, column = source[3:].partition(":")
-        rows = load_dataset(name, split="train")[column or "text"]
-        return "\n".join(rows).encode()[:max_bytes]
-    path = Path(source)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return b"".join(p.read_bytes() for p in files)[:max_bytes]
-
-
-def unigram_entropy(tokens: torch.Tensor, vocab: int) -> float:
-    """Loss (nats/token) of the best model that ignores context: the baseline to beat."""
-    counts = torch.bincount(tokens.long(), minlength=vocab).double()
-    probs = counts[counts > 0] / counts.sum()
-    return float(-(probs * probs.log()).sum())
-
-
-class Windows(Dataset[Batch]):
-    """Non-overlapping fixed-length windows: static shapes by construction."""
-
-    def __init__(self, tokens: torch.Tensor, seq_len: int) -> None:
-        self.tokens = tokens
-        self.seq_len = seq_len
-
-    def __len__(self) -> int:
-        return (len(self.tokens) - 1) // self.seq_len
-
-    def __getitem__(self, index: int) -> Batch:
-        start = index * self.seq_len
-        chunk = self.tokens[start : start + self.seq_len + 1].long()
-        return {"x": chunk[:-1], "y": chunk[1:]}
-
-
-class BlockStack(nn.ModuleList):
-    """Identical blocks run in order, or through one compiled block in a loop when `scan` is set.
-
-    Keys stay those of a ModuleList (`h.0.attn...`): checkpoints move between both modes.
-    """
-
-    scan = False
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.scan:
-            from torch_xla.experimental.scan_layers import scan_layers
-
-            return scan_layers(self, hidden)  # type: ignore[no-any-return]
-        for block in self:
-            hidden = block(hidden)
-        return hidden
 
 
 class GPT2CausalLM(GPT2LMHeadModel):

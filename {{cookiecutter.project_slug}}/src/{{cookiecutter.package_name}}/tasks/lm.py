@@ -8,69 +8,16 @@ text files, or `hf:NAME[:COLUMN]` for a Hugging Face dataset.
 from __future__ import annotations
 
 import math
-import sysconfig
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset
 
 from ..core.layers import BlockStack
+from ._corpus import Windows, read_corpus, unigram_entropy
 
 VOCAB = 256  # bytes: every text has a vocabulary, no tokenizer needed
-
-
-def stdlib_corpus(max_bytes: int) -> bytes:
-    """Concatenate sorted stdlib sources until `max_bytes` (deterministic on a given Python)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    chunks, size = [], 0
-    for path in sorted(root.glob("*.py")):
-        data = path.read_bytes()
-        chunks.append(data)
-        size += len(data)
-        if size >= max_bytes:
-            break
-    return b"".join(chunks)[:max_bytes]
-
-
-def read_corpus(source: str, max_bytes: int) -> bytes:
-    """Bytes of a text file, a folder of text files, or `hf:NAME[:COLUMN]`."""
-    if not source:
-        return stdlib_corpus(max_bytes)
-    if source.startswith("hf:"):
-        from datasets import load_dataset  # optional extra: pip install .[hf]
-
-        name, _, column = source[3:].partition(":")
-        rows = load_dataset(name, split="train")[column or "text"]
-        return "\n".join(rows).encode()[:max_bytes]
-    path = Path(source)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return b"".join(p.read_bytes() for p in files)[:max_bytes]
-
-
-def unigram_entropy(data: torch.Tensor) -> float:
-    """Loss (nats/char) of the best model that ignores context: the baseline to beat."""
-    counts = torch.bincount(data.long(), minlength=VOCAB).double()
-    probs = counts[counts > 0] / counts.sum()
-    return float(-(probs * probs.log()).sum())
-
-
-class Windows(Dataset[dict[str, torch.Tensor]]):
-    """Non-overlapping fixed-length windows: static shapes by construction."""
-
-    def __init__(self, data: torch.Tensor, seq_len: int) -> None:
-        self.data = data
-        self.seq_len = seq_len
-
-    def __len__(self) -> int:
-        return (len(self.data) - 1) // self.seq_len
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        start = index * self.seq_len
-        chunk = self.data[start : start + self.seq_len + 1].long()
-        return {"x": chunk[:-1], "y": chunk[1:]}
 
 
 class CausalSelfAttention(nn.Module):
@@ -145,7 +92,7 @@ class LanguageModelTask:
             raise ValueError(f"corpus {self.data!r} is too small: {len(raw)} bytes")
         self.tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         self.split = int(len(self.tokens) * (1 - self.eval_fraction))
-        self.baseline = unigram_entropy(self.tokens)
+        self.baseline = unigram_entropy(self.tokens, VOCAB)
 
     @property
     def tokens_per_sample(self) -> int:

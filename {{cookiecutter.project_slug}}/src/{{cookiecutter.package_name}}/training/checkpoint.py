@@ -98,7 +98,9 @@ class Checkpointer:
     def state(self, progress: Progress) -> dict[str, Any]:
         """The full state, tensors as they live on the devices (sharded or not)."""
         optimizer = self.optimizer.state_dict()
-        per_name = {self.names[p]: self.optimizer.state[p] for p in self.names if p in self.optimizer.state}
+        per_name = {
+            self.names[p]: self.optimizer.state[p] for p in self.names if p in self.optimizer.state
+        }
         return {
             **model_state(self.strategy, self.model),
             "optimizer": {"state": per_name, "param_groups": optimizer["param_groups"]},

@@ -93,9 +93,7 @@ class TrainConfig:
         from .optim import OPTIMIZERS, SCHEDULES
 
         if self.schedule not in SCHEDULES:
-            raise ConfigError(
-                f"unknown schedule {self.schedule!r}: use {', '.join(SCHEDULES)}"
-            )
+            raise ConfigError(f"unknown schedule {self.schedule!r}: use {', '.join(SCHEDULES)}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(
                 f"unknown optimizer {self.optimizer!r}: use {', '.join(OPTIMIZERS)} "
