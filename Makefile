@@ -26,6 +26,9 @@ venv: $(STAMP) ## Create the virtual environment with everything the tests need
 test: $(STAMP) ## Run every template test (sets itself up on a fresh machine)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
+test-fast: $(STAMP) ## The template tests without the Docker and gcloud tiers and the baked suites
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m "not docker and not gcloud and not suite" $(PYTEST_ARGS)
+
 test-docker: $(STAMP) ## Run only the Docker tier (builds and runs the baked project's image)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m docker $(PYTEST_ARGS)
 

@@ -25,6 +25,11 @@ TPU_GENERATIONS: dict[str, Any] = TEMPLATE_CONTEXT["_tpu_generations"]
 # what they exercise; keep the list short enough to run on two cores.
 COMBOS: dict[str, dict[str, str]] = {
     "default-lm": {},
+    "hf-causal-lm-fsdp-bf16-mixed": {
+        "example_task": "hf-causal-lm",
+        "strategy": "fsdp",
+        "precision": "bf16-mixed",
+    },
     "vision-bf16-mixed-spmd": {
         "example_task": "vision",
         "precision": "bf16-mixed",

@@ -18,6 +18,8 @@ from {{ cookiecutter.package_name }}.core.checkpointing import completed_steps
 
 from training_helpers import cli, popen, wait_for, write_config
 
+pytestmark = pytest.mark.slow  # several end-to-end runs: `make test-fast` skips them
+
 STEPS = 12
 STRATEGIES = {
     "one-device": ("--devices", "1", "--batch-size", "16"),

@@ -45,5 +45,13 @@ def test_diagnosis_names_each_cause() -> None:
     assert len(findings) == 3
     assert "5 graphs compiled for 2 expected" in findings[0]
     assert "aten::nonzero x3" in findings[1]
-    assert "40 device-to-host transfers over 10 steps" in findings[2]
+    assert "40 device-to-host transfers over 10 steps, 10 expected" in findings[2]
     assert diagnose(HealthSnapshot(compilations=2, transfers=1), steps=10) == []
+
+
+def test_diagnosis_counts_only_reads_beyond_the_deliberate_ones() -> None:
+    """It accepts the loop's own host reads (logging, eval, checkpoints) and flags more."""
+    loop = HealthSnapshot(compilations=1, transfers=25)
+    assert diagnose(loop, steps=10, expected_graphs=1, expected_transfers=25) == []
+    (finding,) = diagnose(loop, steps=10, expected_graphs=1, expected_transfers=24)
+    assert "25 device-to-host transfers over 10 steps, 24 expected" in finding

@@ -12,6 +12,8 @@ import pytest
 
 from training_helpers import cli, popen, wait_for, write_config
 
+pytestmark = pytest.mark.slow  # several end-to-end runs: `make test-fast` skips them
+
 STEPS = 20
 GLOBAL_BATCH = 32
 FSDP = ("--devices", "8", "--strategy", "fsdp", "--batch-size", str(GLOBAL_BATCH // 8))

@@ -359,7 +359,9 @@ SSH = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", SLUG, *SCOPE]
 
 
 def test_train_pod_runs_the_cli_train_on_every_worker() -> None:
-    """It prints one ssh per worker of a v4-32 running the training from the synced code."""
+    """It prints one ssh per worker of a v4-32 running, from the synced code, a training that
+    resumes from the newest checkpoint if there is one (so re-running it after a preemption
+    continues)."""
     commands = dry_run("train-pod", "ARGS=--max-steps 5")
     assert [c[: len(SSH)] for c in commands] == [SSH] * 4
     assert [c[len(SSH)] for c in commands] == [f"--worker={w}" for w in range(4)]
@@ -367,7 +369,7 @@ def test_train_pod_runs_the_cli_train_on_every_worker() -> None:
     assert remote.startswith(f"export PJRT_DEVICE=TPU && cd {SLUG} && ")
     assert remote.endswith(
         f"PYTHONPATH=src /opt/{SLUG}/.venv/bin/python -m {PACKAGE} "
-        "train --accelerator tpu --devices all --max-steps 5"
+        "train --accelerator tpu --devices all --resume auto --max-steps 5"
     )
 
 
@@ -377,7 +379,7 @@ def test_docker_train_pod_runs_the_image_privileged_on_the_host_network() -> Non
     assert len(commands) == 4
     assert commands[3][-1] == (
         "sudo docker run --rm --privileged --net=host --shm-size=16G --user=root "
-        "-e PJRT_DEVICE=TPU reg/img:1 train --accelerator tpu --devices all"
+        "-e PJRT_DEVICE=TPU reg/img:1 train --accelerator tpu --devices all --resume auto"
     )
 
 

@@ -22,6 +22,8 @@ from {{ cookiecutter.package_name }}.core.checkpointing import (
 
 from training_helpers import cli, cli_env, popen, wait_for, write_config
 
+pytestmark = pytest.mark.slow  # several end-to-end runs: `make test-fast` skips them
+
 STEPS = 24
 
 

@@ -107,9 +107,8 @@ def diagnose(
     allowed = steps if expected_transfers is None else expected_transfers
     if steps and delta.transfers > allowed:
         findings.append(
-            f"{delta.transfers - allowed} device-to-host transfers over {steps} steps beyond "
-            "the deliberate ones: a host sync (.item(), print, Python branching on a tensor) "
-            "runs in the step"
+            f"{delta.transfers} device-to-host transfers over {steps} steps, {allowed} "
+            "expected: a host sync (.item(), print, Python branching on a tensor) runs in the step"
         )
     return findings
 
