@@ -218,9 +218,9 @@ class DeviceFeeder:
         self.loader = loader
         # MpDeviceLoader cuts before every k-th batch; never reaching k leaves it to us.
         self.batches_per_execution = 1 if cut_steps else sys.maxsize
-        sample = next(iter(loader))
-        check_batch(sample)
-        self.sharding = strategy.input_sharding(sample)
+        self.sample = next(iter(loader))  # on the host, as the loader gives it
+        check_batch(self.sample)
+        self.sharding = strategy.input_sharding(self.sample)
 
     def __len__(self) -> int:
         return len(self.loader)

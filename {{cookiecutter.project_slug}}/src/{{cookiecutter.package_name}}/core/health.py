@@ -39,6 +39,14 @@ def _metric_count(name: str) -> int:
     return int(data[0]) if data else 0
 
 
+def compile_seconds() -> float:
+    """Seconds the runtime has spent compiling graphs so far (its CompileTime metric)."""
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("CompileTime")
+    return float(data[1]) / 1e9 if data else 0.0
+
+
 def transfer_count() -> int:
     """Device-to-host transfers so far (cheaper than a full snapshot)."""
     return _metric_count("TransferFromDeviceTime")

@@ -59,6 +59,28 @@ def peak_bf16_flops_per_chip(accelerator_type: str) -> float:
     return _slice(accelerator_type)[0].peak_bf16_flops_per_chip
 
 
+def devices_per_chip(accelerator_type: str) -> int:
+    """XLA devices one chip shows (2 on v2/v3, whose TensorCores are separate devices)."""
+    return _slice(accelerator_type)[0].devices_per_chip
+
+
+# What this project was made for; the TPU VM's own metadata wins when it can be read.
+BAKED_ACCELERATOR_TYPE = "{{ cookiecutter.accelerator_type }}"
+
+
+def accelerator_type() -> str:
+    """This TPU's accelerator type: TPU_ACCELERATOR_TYPE, the VM's metadata, else the baked one."""
+    named = os.environ.get("TPU_ACCELERATOR_TYPE")
+    if named:
+        return named
+    try:
+        from torch_xla._internal import tpu
+
+        return str(tpu.get_tpu_env()["ACCELERATOR_TYPE"])
+    except Exception:  # no metadata server (not a TPU VM): several exception types
+        return BAKED_ACCELERATOR_TYPE
+
+
 def tpu_present() -> bool:
     """Return True when this host has TPU device files and libtpu (no metadata-server call)."""
     has_devices = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))

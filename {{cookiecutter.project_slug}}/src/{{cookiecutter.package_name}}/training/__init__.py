@@ -33,6 +33,8 @@ def train(
 ) -> dict[str, Any]:
     """Plan and launch a run (one process, one per device, or SPMD); return its summary."""
     plan = plan_of(config)
+    if config.scan_layers:
+        plan.strategy.check_scan()  # before launch: SPMD, once on, stays on in this process
     Precision.from_name(config.precision).apply_environment()
     result = launch(fit, plan, args=(config, plan, None, model), start_method=start_method)
     if isinstance(result, dict):

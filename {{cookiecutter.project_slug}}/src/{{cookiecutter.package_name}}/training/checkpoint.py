@@ -23,6 +23,7 @@ from ..core.checkpointing import (
     read,
     saved_keys,
 )
+from ..core.layers import stacked_parameters
 from .state import Progress, restore_rng_states, rng_states
 
 FORMAT = "{{ cookiecutter.package_name }}-checkpoint"
@@ -93,17 +94,26 @@ class Checkpointer:
         self.last_good: str | None = None
         self.saved_step: int | None = None  # the step the last regular save wrote
         self.names = {p: strategy.plain_name(n) for n, p in model.named_parameters()}
+        self.stacked = stacked_parameters(model)  # scanned blocks: saved per block
         self.weights_finite()  # compiled now: later checks reuse the graph, after warm-up too
+
+    def optimizer_state(self) -> dict[str, dict[str, Any]]:
+        """The optimizer's state per plain parameter name (of a stacked one: per block)."""
+        entries: dict[str, dict[str, Any]] = {}
+        for param, name in self.names.items():
+            state = self.optimizer.state.get(param)
+            if not state:
+                continue
+            for index, block_name in self.stacked.get(param, [(None, name)]):
+                entries[block_name] = {k: _block(v, index) for k, v in state.items()}
+        return entries
 
     def state(self, progress: Progress) -> dict[str, Any]:
         """The full state, tensors as they live on the devices (sharded or not)."""
-        optimizer = self.optimizer.state_dict()
-        per_name = {
-            self.names[p]: self.optimizer.state[p] for p in self.names if p in self.optimizer.state
-        }
+        groups = self.optimizer.state_dict()["param_groups"]
         return {
             **model_state(self.strategy, self.model),
-            "optimizer": {"state": per_name, "param_groups": optimizer["param_groups"]},
+            "optimizer": {"state": self.optimizer_state(), "param_groups": groups},
             "scheduler": self.scheduler.state_dict(),
             "progress": progress.to_dict(),
             "config": self.config,
@@ -141,9 +151,11 @@ class Checkpointer:
             state["rng"] = {}  # saved by fewer hosts: this one keeps its own generators
         read(path, state)
         self.strategy.load_model_state_dict(self.model, state["model"])
+        saved = state["optimizer"]["state"]
         for param, name in self.names.items():
-            if name in state["optimizer"]["state"]:
-                self.optimizer.state[param].update(state["optimizer"]["state"][name])
+            parts = [saved.get(block) for _, block in self.stacked.get(param, [(None, name)])]
+            if all(parts):
+                self.optimizer.state[param].update(_restack(parts, param in self.stacked))
         for group, saved in zip(
             self.optimizer.param_groups, state["optimizer"]["param_groups"], strict=True
         ):
@@ -162,6 +174,23 @@ class Checkpointer:
         """Wait for background writes; raise CheckpointError if one failed."""
         self.steps.finish()
         self.best.finish()
+
+
+def _block(value: Any, index: int | None) -> Any:
+    """A stacked state tensor's slice for one block (counters are shared, kept whole)."""
+    if index is None or not torch.is_tensor(value) or value.dim() == 0:
+        return value
+    return value[index]
+
+
+def _restack(parts: list[Any], stacked: bool) -> dict[str, Any]:
+    """Per-block optimizer state put back together for a stacked parameter."""
+    if not stacked:
+        return dict(parts[0])
+    return {
+        key: torch.stack([p[key] for p in parts]) if torch.is_tensor(v) and v.dim() else v
+        for key, v in parts[0].items()
+    }
 
 
 def resume_location(resume: str, directory: str) -> str | None:

@@ -29,6 +29,7 @@ class TrainConfig:
     strategy: str = "{{ cookiecutter.strategy }}"
     mesh: str = ""
     activation_checkpointing: bool = False
+    scan_layers: bool = False
     precision: str = "{{ cookiecutter.precision }}"
     max_epochs: int = 3
     max_steps: int = -1

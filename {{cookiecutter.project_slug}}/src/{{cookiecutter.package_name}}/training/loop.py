@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..core import Plan, Precision, Strategy, memory, ops, runtime
+from ..core.layers import enable_scan
 from ..tasks import Task, block_class, load_task
 from .checkpoint import Checkpointer, default_directory, resume_location
 from .config import ConfigError, TrainConfig
@@ -21,6 +22,7 @@ from .evaluation import Evaluator
 from .optim import build_optimizer, build_scheduler
 from .reporting import Reporter
 from .state import Progress
+from .throughput import Meter, Peak, count_flops, throughput_line
 from .watch import RunWatch
 
 
@@ -90,9 +92,13 @@ def fit(
     model = model if model is not None else task.build_model()
     ops.initialize_compile_cache(cfg.compile_cache, readonly=not strategy.is_local_master())
     ops.set_rng_state(cfg.seed)
+    if cfg.scan_layers:  # checkpointing, if asked for, happens inside the scan
+        strategy.check_scan()
+        enable_scan(model, remat=cfg.activation_checkpointing)
     precision.convert_module(model)
     blocks = block_class(task, model)
-    model, ties = strategy.setup_model(model, blocks, cfg.activation_checkpointing)
+    checkpointed = cfg.activation_checkpointing and not cfg.scan_layers
+    model, ties = strategy.setup_model(model, blocks, checkpointed)
     optimizer = build_optimizer(model, cfg, task)  # after the move: it holds device tensors
     ops.prime_optimizer_state(optimizer)
     strategy.place_optimizer_state(optimizer)
@@ -120,7 +126,15 @@ def fit(
         Path(cfg.run_dir), cfg.profile_steps, cfg.profile_port, cfg.metrics_report, master
     )
     step = TrainStep(task, model, optimizer, scheduler, strategy, precision, cfg)
-    global_batch = cfg.batch_size * strategy.local_devices() * strategy.data_layout()[0]
+    replicas = strategy.data_layout()[0]
+    global_batch = cfg.batch_size * strategy.local_devices() * replicas
+    flops = count_flops(task, train_feeder.sample)  # of one process's batch
+    meter = Meter(
+        global_batch * cfg.grad_accum,
+        getattr(task, "tokens_per_sample", None),
+        flops * replicas * cfg.grad_accum if flops else None,
+        Peak.of_job(plan.accelerator),
+    )
     state_bytes = memory.state_memory(model, optimizer)
     reporter.line(f"{strategy.describe()}; global batch {global_batch}, {precision.name}")
     reporter.line(ties.describe())
@@ -139,8 +153,9 @@ def fit(
         if not math.isfinite(value):
             diverged.append(at)
         progress.losses.append((at, value))
-        reporter.scalars(at, {"loss": value, "lr": lr}, "train")
+        reporter.scalars(at, {"loss": value, "lr": lr, **meter.tick(at)}, "train")
 
+    first: dict[str, float] = {}
     cadence = max(1, cfg.log_every)  # of host reads: loss logging and the stop agreement
     eval_metrics: dict[str, float] = {}
     evaluated_at = None
@@ -165,6 +180,10 @@ def fit(
                     ops.add_step_closure(log_loss, (at, loss, lr))  # runs after the step
                     watch.check(at)  # fail fast, on the logging cadence
                 ops.sync()  # one graph per optimizer step, however many micro-batches
+                if at == watch.start_step + 1:  # compiled and ran: report, then time the rest
+                    first = watch.first_step()
+                    reporter.line(throughput_line(first))
+                    meter.start(at)
                 on_cadence = due(cadence, at)
                 # Processes must agree to stop, or one would wait forever in a collective.
                 with watch.host_read():
@@ -221,6 +240,8 @@ def fit(
         "eval": eval_metrics,
         **watch.counters(),
         "steps_per_second": round(rate, 3),
+        **first,
+        "throughput": meter.summary(rate),
         "accelerator": plan.accelerator,
         "strategy": strategy.name,
         "devices": runtime.global_device_count(),

@@ -47,7 +47,7 @@ class Reporter:
             return
         for key, value in values.items():
             self.writer.add_scalar(f"{prefix}/{key}", value, step)
-        text = " ".join(f"{k}={v:.4f}" for k, v in values.items())
+        text = " ".join(f"{k}={_number(v)}" for k, v in values.items())
         if self.progress is not None:
             self.progress.update(self._bar, completed=step, status=f"{prefix} {text}")
         else:
@@ -63,3 +63,10 @@ class Reporter:
         path = self.run_dir / "summary.json"
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         return path
+
+
+def _number(value: float) -> str:
+    """Four decimals for losses and rates, one for hundreds, three digits for big counts."""
+    if abs(value) >= 1e5:
+        return f"{value:.3g}"
+    return f"{value:.1f}" if abs(value) >= 100 else f"{value:.4f}"

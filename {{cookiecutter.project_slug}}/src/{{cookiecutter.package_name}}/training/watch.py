@@ -30,6 +30,8 @@ class RunWatch:
         self.clock: tuple[int, float] | None = None  # (step, time) the clock started at
         self.start = health.snapshot()
         self.start_step = 0
+        self.started_at = time.perf_counter()
+        self.compiled_before = 0.0
         self.deliberate = 0  # transfers made inside host_read() since the loop started
         self.loop_reads: int | None = None  # those of the loop alone, once it has ended
         self.loop: health.HealthSnapshot | None = None
@@ -49,6 +51,16 @@ class RunWatch:
         self.start = health.snapshot()
         self.start_step = step
         self.deliberate = 0
+        self.started_at = time.perf_counter()
+        self.compiled_before = health.compile_seconds()
+
+    def first_step(self) -> dict[str, float]:
+        """Time to the end of the run's first step (compiling plus running it)."""
+        ops.wait()
+        return {
+            "time_to_first_step_s": time.perf_counter() - self.started_at,
+            "first_step_compile_s": health.compile_seconds() - self.compiled_before,
+        }
 
     def after_step(self, step: int, evaluations: int) -> None:
         """Start the clock after warm-up; arm the guard once the run is warm."""
@@ -101,6 +113,7 @@ class RunWatch:
         whole = health.snapshot().since(self.start)
         loop = self.loop_counters()
         return {
+            "compile_seconds": round(health.compile_seconds() - self.compiled_before, 3),
             "compilations": whole.compilations,
             "fallback_ops": whole.fallback_ops,
             "loop_transfers": loop.transfers,

@@ -116,6 +116,9 @@ class Strategy:
             checkpoint_blocks(model, block_class)
         return model, report
 
+    def check_scan(self) -> None:
+        """Refuse scan_layers where this strategy cannot run it (RuntimeConfigError)."""
+
     def place_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
         """Lay the optimizer's state out like the parameters it belongs to."""
 

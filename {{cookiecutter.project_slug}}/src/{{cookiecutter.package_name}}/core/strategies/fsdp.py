@@ -71,6 +71,12 @@ class FullyShardedDataParallel(SpmdDataParallel):
         )
         return wrapped, report
 
+    def check_scan(self) -> None:
+        raise RuntimeConfigError(
+            "scan_layers does not run under fsdp with torch_xla 2.9 (its scan cannot trace "
+            "FSDPv2-wrapped blocks): use --strategy single or spmd, or scan_layers = false"
+        )
+
     def _shard_output(self, output: Any, mesh: Any) -> None:
         """Split the batch dimension of a module's output over the batch axes."""
         import torch_xla.distributed.spmd as xs

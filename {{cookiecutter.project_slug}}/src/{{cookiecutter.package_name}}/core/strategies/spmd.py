@@ -174,6 +174,16 @@ class SpmdDataParallel(Strategy):
             self.replicate(param)
         return model, report
 
+    def check_scan(self) -> None:
+        import importlib.util
+
+        # torch_xla's scan lays its backward out under SPMD with jax's shard_alike.
+        if importlib.util.find_spec("jax") is None:
+            raise RuntimeConfigError(
+                f"scan_layers under {self.name} needs jax (pip install 'torch_xla[pallas]'); "
+                "without it use --strategy single, or scan_layers = false"
+            )
+
     def replicate(self, tensor: torch.Tensor) -> None:
         import torch_xla.distributed.spmd as xs
 
