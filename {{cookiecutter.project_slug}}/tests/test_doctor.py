@@ -124,9 +124,35 @@ def test_small_shm_is_a_warning(tmp_path: Path) -> None:
 def test_compile_cache_location_comes_from_env_or_config() -> None:
     """It reports the persistent cache from XLA_PERSISTENT_CACHE_PATH, else the config."""
     from_env = doctor.check_compile_cache({"XLA_PERSISTENT_CACHE_PATH": "/c"}, "/cfg")
-    assert "/c (XLA_PERSISTENT_CACHE_PATH)" in from_env.detail
-    assert "/cfg (config)" in doctor.check_compile_cache({}, "/cfg").detail
-    assert "no persistent compile cache" in doctor.check_compile_cache({}, "").detail
+    assert from_env.detail.startswith("persistent compile cache at /c;")
+    assert "persistent compile cache at /cfg" in doctor.check_compile_cache({}, "/cfg").detail
+    assert (
+        "compile_cache is off" in doctor.check_compile_cache({"PJRT_DEVICE": "TPU"}, "off").detail
+    )
+
+
+def test_compile_cache_is_on_by_default_on_tpu_only(tmp_path: Path) -> None:
+    """It picks a shared cache folder for `auto` on TPU, and none on XLA:CPU."""
+    shared = (str(tmp_path / "var-cache"), str(tmp_path / "home-cache"))
+    on_cpu = doctor.check_compile_cache({"PJRT_DEVICE": "CPU"}, "auto", candidates=shared)
+    assert on_cpu.detail == "no persistent compile cache (XLA:CPU cannot reuse compiled graphs)"
+    on_tpu = doctor.check_compile_cache({"PJRT_DEVICE": "TPU"}, "auto", candidates=shared)
+    assert on_tpu.detail.startswith(f"persistent compile cache at {shared[0]};")
+    assert (tmp_path / "var-cache").is_dir()
+
+
+def test_compile_cache_line_says_whether_the_last_run_hit_it(tmp_path: Path) -> None:
+    """It reads the last run's summary: how many graphs came from the cache."""
+    summary = tmp_path / "summary.json"
+    env = {"XLA_PERSISTENT_CACHE_PATH": "/c"}
+    assert "no run has recorded" in doctor.check_compile_cache(env, "auto", summary).detail
+    summary.write_text(json.dumps({"compile_cache": {"path": "/c", "hits": 3, "misses": 1}}))
+    assert (
+        "the last run hit it: 3 of 4 graphs"
+        in doctor.check_compile_cache(env, "auto", summary).detail
+    )
+    summary.write_text(json.dumps({"compile_cache": {"path": "/c", "hits": 0, "misses": 2}}))
+    assert "did not hit it: 0 of 2" in doctor.check_compile_cache(env, "auto", summary).detail
 
 
 def test_this_torch_xla_has_no_xla_dist() -> None:

@@ -237,7 +237,7 @@ def doctor(
     from .core import doctor as checks
 
     cfg = _resolve(config, None, {})
-    found = checks.run_checks(os.environ, cfg.compile_cache)
+    found = checks.run_checks(os.environ, cfg.compile_cache, Path(cfg.run_dir) / "summary.json")
     result = checks.report(found)
     if as_json:
         typer.echo(json.dumps(result, indent=2))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -192,17 +193,47 @@ def check_shm(path: str = "/dev/shm") -> Check:
     return Check("shm", "ok", detail)
 
 
-def check_compile_cache(environ: Mapping[str, str], configured: str) -> Check:
-    location = environ.get("XLA_PERSISTENT_CACHE_PATH") or configured
-    if location:
-        source = "XLA_PERSISTENT_CACHE_PATH" if location != configured else "config"
-        return Check("compile-cache", "ok", f"persistent compile cache at {location} ({source})")
-    return Check(
-        "compile-cache",
-        "ok",
-        "no persistent compile cache: every run compiles from scratch (set compile_cache "
-        "in the config to reuse compilations on TPU)",
+def check_compile_cache(
+    environ: Mapping[str, str],
+    configured: str,
+    last_run: Path | None = None,
+    candidates: tuple[str, ...] | None = None,
+) -> Check:
+    """Where compiled graphs are kept, and whether the last run found its graphs there."""
+    from .runtime import compile_cache_dir
+
+    on_tpu = environ.get("PJRT_DEVICE", "").upper() == "TPU" or (
+        not environ.get("PJRT_DEVICE")
+        and bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/*"))
     )
+    accelerator = "tpu" if on_tpu else "cpu"
+    location = environ.get("XLA_PERSISTENT_CACHE_PATH") or (
+        compile_cache_dir(configured, accelerator, candidates)
+        if candidates is not None
+        else compile_cache_dir(configured, accelerator)
+    )
+    if not location:
+        why = "XLA:CPU cannot reuse compiled graphs" if not on_tpu else "compile_cache is off"
+        return Check("compile-cache", "ok", f"no persistent compile cache ({why})")
+    detail = f"persistent compile cache at {location}"
+    used = _last_cache_use(last_run)
+    if used is None:
+        return Check("compile-cache", "ok", f"{detail}; no run has recorded its use yet")
+    hits, total = used["hits"], used["hits"] + used["misses"]
+    verdict = "hit it" if hits else "did not hit it"
+    detail += f"; the last run {verdict}: {hits} of {total} graphs loaded from it"
+    return Check("compile-cache", "ok", detail)
+
+
+def _last_cache_use(summary_path: Path | None) -> dict[str, Any] | None:
+    """The compile_cache entry of a run's summary.json, if there is one."""
+    if summary_path is None or not summary_path.is_file():
+        return None
+    try:
+        used = json.loads(summary_path.read_text()).get("compile_cache")
+    except (OSError, ValueError):
+        return None
+    return used if isinstance(used, dict) else None
 
 
 def check_accelerator() -> Check:
@@ -225,14 +256,16 @@ def check_accelerator() -> Check:
     return Check("accelerator", "ok", f"XLA:{hardware} ({device}), {count} {plural}")
 
 
-def run_checks(environ: Mapping[str, str], compile_cache: str = "") -> list[Check]:
+def run_checks(
+    environ: Mapping[str, str], compile_cache: str = "", last_run: Path | None = None
+) -> list[Check]:
     """Every check, runtime last (it takes the TPU, which the holder check must not see)."""
     torch_version = package_version("torch")
     checks = [check_versions(torch_version, xla_version())]
     checks += check_runtime_variables(environ)
     checks.append(check_holders(device_holders()))
     checks += check_container()
-    checks.append(check_compile_cache(environ, compile_cache))
+    checks.append(check_compile_cache(environ, compile_cache, last_run))
     if checks[0].status == "ok":
         checks.append(check_accelerator())
     return checks

@@ -59,12 +59,27 @@ def to_cpu(tree: Any) -> Any:
 
 
 def initialize_compile_cache(path: str | None, readonly: bool = False) -> None:
-    """Enable the persistent compilation cache (TPU; XLA:CPU cannot reuse it)."""
+    """Enable the persistent compilation cache before the first compilation (TPU only)."""
     if not path or os.environ.get("PJRT_DEVICE") != "TPU":
         return
+    import torch_xla
     import torch_xla.runtime as xr
 
-    xr.initialize_cache(path, readonly=readonly)
+    if not torch_xla._XLAC._xla_computation_cache_is_initialized():  # not yet compiled
+        xr.initialize_cache(path, readonly=readonly)
+
+
+def compile_cache_use(path: str | None) -> dict[str, object] | None:
+    """The persistent cache's folder and this run's hits and misses (None without one)."""
+    if path is None:
+        return None
+    import torch_xla.debug.metrics as met
+
+    return {
+        "path": path,
+        "hits": int(met.counter_value("PersistentCacheHit") or 0),
+        "misses": int(met.counter_value("PersistentCacheMiss") or 0),
+    }
 
 
 def wait() -> None:

@@ -81,6 +81,40 @@ def accelerator_type() -> str:
         return BAKED_ACCELERATOR_TYPE
 
 
+# Where `compile_cache = "auto"` keeps compiled graphs on a TPU VM, shared by every run on
+# the host: the folder the startup script makes, else one in the user's home.
+SHARED_CACHE_DIRS = (
+    "/var/cache/{{ cookiecutter.project_slug }}/xla",
+    "~/.cache/{{ cookiecutter.project_slug }}/xla",
+)
+
+
+def compile_cache_dir(
+    setting: str, accelerator: str, candidates: tuple[str, ...] = SHARED_CACHE_DIRS
+) -> str | None:
+    """The persistent compilation cache of a run: a path, or None for none.
+
+    `auto` is on for TPU (the first writable shared folder) and off on XLA:CPU, which
+    cannot reuse compiled graphs from disk; `off` or empty turns it off; anything else
+    is the folder to use.
+    """
+    if setting in ("", "off"):
+        return None
+    if setting != "auto":
+        return setting
+    if accelerator != "tpu":
+        return None
+    for candidate in candidates:
+        folder = os.path.expanduser(candidate)
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK):
+            return folder
+    return None
+
+
 def tpu_present() -> bool:
     """Return True when this host has TPU device files and libtpu (no metadata-server call)."""
     has_devices = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))

@@ -53,7 +53,7 @@ class TrainConfig:
     run_dir: str = "runs/default"
     data: str = ""
     num_workers: int = 0
-    compile_cache: str = ""
+    compile_cache: str = "auto"  # on TPU a shared folder; "off", or a path
     resume: str = ""  # "", "auto", "latest", or a checkpoint (directory) path or URL
     profile_steps: int = 0
     profile_port: int = 9012

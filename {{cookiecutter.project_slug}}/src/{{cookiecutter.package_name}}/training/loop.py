@@ -90,7 +90,8 @@ def fit(
     # ---- set-up --------------------------------------------------------------------
     ops.seed_host(cfg.seed)  # the model's initial weights depend on it
     model = model if model is not None else task.build_model()
-    ops.initialize_compile_cache(cfg.compile_cache, readonly=not strategy.is_local_master())
+    cache = runtime.compile_cache_dir(cfg.compile_cache, plan.accelerator)
+    ops.initialize_compile_cache(cache, readonly=not strategy.is_local_master())
     ops.set_rng_state(cfg.seed)
     if cfg.scan_layers:  # checkpointing, if asked for, happens inside the scan
         strategy.check_scan()
@@ -248,6 +249,7 @@ def fit(
         "precision": precision.name,
         "global_batch": global_batch,
         "tied_parameters": ties.to_dict(),
+        "compile_cache": ops.compile_cache_use(cache),
         "memory": {**state_bytes, "device_peak_bytes": memory.device_peak_bytes(runtime.device())},
         "run_dir": str(cfg.run_dir),
     }
