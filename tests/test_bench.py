@@ -11,12 +11,13 @@ from helpers import TEMPLATE_DIR, tool_env
 
 
 def test_make_bench_compares_the_trainer_with_the_hand_written_loop(tmp_path: Path) -> None:
-    """It prints the markdown table and writes JSON with every contender's XLA counters."""
+    """It prints the markdown tables and writes JSON with every contender's XLA counters,
+    time to first step, and the depth sweep with scanned losses equal to unrolled ones."""
     out = tmp_path / "bench"
     result = subprocess.run(
         [
             "make", "-C", str(TEMPLATE_DIR), "bench", f"VENV={sys.prefix}",
-            f"BENCH_DIR={out}", "BENCH_ARGS=--workloads mlp --rounds 1",
+            f"BENCH_DIR={out}", "BENCH_ARGS=--workloads mlp --rounds 1 --depths 2,4",
         ],
         env=tool_env(),
         capture_output=True,
@@ -26,10 +27,21 @@ def test_make_bench_compares_the_trainer_with_the_hand_written_loop(tmp_path: Pa
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "| mlp | trainer |" in result.stdout and "vs reference" in result.stdout
-    rows = json.loads((out / "bench.json").read_text())
+    written = json.loads((out / "bench.json").read_text())
+    rows = written["rows"]
     contenders = {row["contender"]: row for row in rows if row["workload"] == "mlp"}
     assert set(contenders) == {"hand-written", "trainer", "accelerate"}
     assert contenders["hand-written"]["vs_reference"] == 1.0
     assert contenders["trainer"]["compilations"] == 1
     assert all(row["fallback_ops"] == {} for row in contenders.values())
     assert (out / "bench.md").read_text().count("| mlp |") == 3
+    assert all(row["first_step"] > 0 for row in contenders.values())
+    sweep = {(row["blocks"], row["scanned"]): row for row in written["depths"]}
+    assert set(sweep) == {(2, False), (2, True), (4, False), (4, True)}
+    for blocks in (2, 4):
+        assert sweep[(blocks, True)]["graphs"] == sweep[(blocks, False)]["graphs"] == 1
+        for scanned, plain in zip(
+            sweep[(blocks, True)]["losses"], sweep[(blocks, False)]["losses"], strict=True
+        ):
+            assert abs(scanned - plain) <= 1e-5 * abs(plain)
+    assert "| 4 |" in result.stdout and "first step scanned" in result.stdout

@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.core import health, make_plan, move_to_device
 from {{ cookiecutter.package_name }}.core.launcher import launch
+from {{ cookiecutter.package_name }}.core.layers import block_class_of
 from {{ cookiecutter.package_name }}.tasks import load_task
 from {{ cookiecutter.package_name }}.training import TrainConfig, fit
 from {{ cookiecutter.package_name }}.training.optim import lr_lambda
@@ -119,9 +120,18 @@ class Clock:
     def __init__(self, total: int) -> None:
         self.total = total
         self.start = 0.0
+        self.began = time.perf_counter()
+        self.first_step = 0.0
         self.health = health.snapshot()
 
     def step(self, step: int) -> None:
+        if step == 1:  # compiled and ran: the time to the first step
+            import torch_xla
+            import torch_xla.core.xla_model as xm
+
+            torch_xla.sync()
+            xm.wait_device_ops()
+            self.first_step = time.perf_counter() - self.began
         if step == WARMUP_STEPS:
             import torch_xla
             import torch_xla.core.xla_model as xm
@@ -136,7 +146,7 @@ class Clock:
         xm.wait_device_ops()
         rate = (self.total - WARMUP_STEPS) / (time.perf_counter() - self.start)
         delta = health.snapshot().since(self.health)
-        return {"rate": rate, **delta.__dict__}
+        return {"rate": rate, "first_step": self.first_step, **delta.__dict__}
 
 
 def optimizer_and_schedule(model: nn.Module, total: int) -> tuple[Any, Any]:
@@ -311,6 +321,7 @@ def trainer(task: Any, total: int, devices: int, workload: str, saves: str = "")
         "transfers": summary["loop_transfers"],
         "fallback_ops": summary["fallback_ops"],
         "eval_graphs": summary["compilations"] - summary["loop_compilations"],
+        "first_step": summary["time_to_first_step_s"],
     }
 
 
@@ -368,6 +379,7 @@ def measure(workload: str, rounds: int | None) -> list[dict[str, Any]]:
                 "rounds": rates,
                 "median": statistics.median(rates),
                 "compilations": cold["compilations"],
+                "first_step": cold["first_step"],
                 "eval_graphs": cold.get("eval_graphs"),
                 "fallback_ops": cold["fallback_ops"],
                 "transfers_per_step": cold["transfers"] / total,
@@ -381,9 +393,9 @@ def measure(workload: str, rounds: int | None) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]], task_name: str) -> str:
     lines = [
-        "| workload | contender | steps/s (median) | rounds | vs reference | graphs "
-        "| fallback ops | transfers/step | outside logging |",
-        "| --- | --- | ---: | --- | ---: | ---: | --- | ---: | ---: |",
+        "| workload | contender | steps/s (median) | rounds | vs reference | first step (s) "
+        "| graphs | fallback ops | transfers/step | outside logging |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     names = {
         "task": task_name,
@@ -404,14 +416,14 @@ def table(rows: list[dict[str, Any]], task_name: str) -> str:
             ops = ", ".join(f"{k} x{v}" for k, v in row["fallback_ops"].items()) or "0"
             lines.append(
                 f"| {label} | {row['contender']} | {row['median']:.1f} | {rounds} "
-                f"| {row['vs_reference']:.2f}x | {graphs} | {ops} "
+                f"| {row['vs_reference']:.2f}x | {row['first_step']:.1f} | {graphs} | {ops} "
                 f"| {row['transfers_per_step']:.3f} | {row['outside_logging_per_step']:.3f} |"
             )
         if workload != "ckpt" and all(row["contender"] != "accelerate" for row in group):
             lines.append(
-                f"| {label} | accelerate | n/a | | | | | | |"
+                f"| {label} | accelerate | n/a | | | | | | | |"
                 if workload not in STRATEGY
-                else f"| {label} | accelerate | n/a: no XLA:CPU SPMD path | | | | | | |"
+                else f"| {label} | accelerate | n/a: no XLA:CPU SPMD path | | | | | | | |"
             )
     return "\n".join(lines)
 
@@ -448,6 +460,83 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
+DEPTHS = "2,8,24"  # blocks of the depth sweep
+DEPTH_STEPS = 8
+
+
+def depth_run(layers: int, scan: bool) -> dict[str, Any]:
+    """A short cold run of the example task with `layers` blocks (worker process)."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        task = load_task(CONFIG.task, options={"layers": layers})
+        config = TrainConfig(
+            task=CONFIG.task, accelerator="cpu", devices="1", strategy="single",
+            max_steps=DEPTH_STEPS, log_every=1, scan_layers=scan, run_dir=run_dir,
+            task_options={"layers": layers},
+        )  # fmt: skip
+        summary = fit(config, make_plan("cpu", 1, "single"), task=task)
+    return {
+        "blocks": layers,
+        "scanned": scan,
+        "first_step": summary["time_to_first_step_s"],
+        "compile": summary["first_step_compile_s"],
+        "rate": summary["steps_per_second"],
+        "graphs": summary["loop_compilations"],
+        "losses": [loss for _, loss in summary["train_losses"]],
+    }
+
+
+def depth_sweep(depths: list[int]) -> list[dict[str, Any]]:
+    """Time to first step and steps/s by depth, unrolled and scanned, each in a cold process."""
+    rows = []
+    for layers in depths:
+        for scan in (False, True):
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                command = [sys.executable, __file__, "--depth-worker", f"{layers},{int(scan)}"]
+                env = {**os.environ, "PJRT_DEVICE": "CPU"}
+                src = str(Path(__file__).resolve().parents[1] / "src")
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+                done = subprocess.run(
+                    [*command, "--result", out.name], env=env, capture_output=True, text=True,
+                    check=False,
+                )  # fmt: skip
+                if done.returncode != 0:
+                    raise SystemExit(f"depth worker {layers} failed:\n{done.stderr[-3000:]}")
+                rows.append(json.loads(Path(out.name).read_text()))
+    return rows
+
+
+def depth_table(rows: list[dict[str, Any]]) -> str:
+    """The sweep as a table, and the scanned deepest model against the shallowest."""
+    by = {(row["blocks"], row["scanned"]): row for row in rows}
+    lines = [
+        f"Depth sweep ({CONFIG.task} example, one device, {DEPTH_STEPS} steps, cold process each):",
+        "",
+        "| blocks | first step unrolled (s) | first step scanned (s) | compile unrolled (s) "
+        "| compile scanned (s) | steps/s unrolled | steps/s scanned | graphs | losses equal |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for blocks in sorted({row["blocks"] for row in rows}):
+        plain, scan = by[(blocks, False)], by[(blocks, True)]
+        same = all(
+            abs(a - b) <= 1e-5 * abs(b)
+            for a, b in zip(scan["losses"], plain["losses"], strict=True)
+        )
+        lines.append(
+            f"| {blocks} | {plain['first_step']:.1f} | {scan['first_step']:.1f} "
+            f"| {plain['compile']:.1f} | {scan['compile']:.1f} | {plain['rate']:.1f} "
+            f"| {scan['rate']:.1f} | {plain['graphs']} / {scan['graphs']} "
+            f"| {'yes' if same else 'NO'} |"
+        )
+    shallow, deep = min(by)[0], max(by)[0]
+    ratio = by[(deep, True)]["first_step"] / by[(shallow, False)]["first_step"]
+    lines += [
+        "",
+        f"- scanned {deep} blocks: first step {ratio:.2f}x the unrolled {shallow}-block one "
+        f"(target <= 1.5x): {'met' if ratio <= 1.5 else 'MISSED'}",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -455,8 +544,14 @@ def main() -> int:
     parser.add_argument("--out", default="runs/bench")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--contenders", help=argparse.SUPPRESS)
+    parser.add_argument("--depths", default=DEPTHS, help="blocks of the depth sweep ('' skips)")
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--depth-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.depth_worker:
+        layers, scan = (int(part) for part in args.depth_worker.split(","))
+        Path(args.result).write_text(json.dumps(depth_run(layers, bool(scan))))
+        return 0
     if args.worker:
         if args.worker in STRATEGY:  # SPMD is process-wide: on for every contender
             plan = make_plan("cpu", WORKLOADS[args.worker][2], "spmd")
@@ -471,6 +566,14 @@ def main() -> int:
         print(f"unknown workload {unknown[0]!r}: choose from {', '.join(WORKLOADS)}")
         return 2
     rows = [row for workload in workloads for row in measure(workload, args.rounds)]
+    depths = [int(d) for d in args.depths.split(",") if d.strip()]
+    scannable = block_class_of(load_task(CONFIG.task).build_model()) is not None
+    sweep = depth_sweep(depths) if depths and scannable else []
+    sweep_text = (
+        depth_table(sweep)
+        if sweep
+        else f"Depth sweep: skipped ({'no depths' if not depths else 'no BlockStack to scan'})."
+    )
     text = "\n".join(
         [
             f"XLA:CPU, fp32, {os.cpu_count()} host cores (shared: expect noise; medians).",
@@ -478,12 +581,14 @@ def main() -> int:
             table(rows, f"{CONFIG.task} example"),
             "",
             *verdict(rows),
+            "",
+            sweep_text,
         ]
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.md").write_text(text + "\n")
-    (out / "bench.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / "bench.json").write_text(json.dumps({"rows": rows, "depths": sweep}, indent=2) + "\n")
     print(text)
     print(f"\nwritten: {out / 'bench.md'} and {out / 'bench.json'}")
     return 0
