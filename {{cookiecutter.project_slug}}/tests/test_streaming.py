@@ -1,0 +1,70 @@
+"""A task whose training data is a stream trains across epochs, sharded like any other."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torch.utils.data import IterableDataset
+
+from {{ cookiecutter.package_name }}.core import make_plan
+from {{ cookiecutter.package_name }}.tasks import load_task
+from {{ cookiecutter.package_name }}.training import ConfigError, TrainConfig, fit
+
+from training_helpers import TINY
+
+SAMPLES = 40
+STEPS = 12
+
+
+class Stream(IterableDataset):  # type: ignore[type-arg]
+    """The first SAMPLES samples of a map-style dataset, read in order, epoch after epoch."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.epochs: list[int] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self.dataset[i] for i in range(SAMPLES))
+
+
+class StreamingTask:
+    """The project's task, its training set streamed."""
+
+    def __init__(self) -> None:
+        self.task = load_task(TINY["task"], options=TINY["task_options"])
+        self.stream = Stream(self.task.train_dataset())
+        self.name = self.task.name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.task, name)
+
+    def train_dataset(self) -> Stream:
+        return self.stream
+
+
+def test_streaming_task_trains_across_epochs(tmp_path: Path) -> None:
+    """It trains a stream for max_steps, starting it again (with set_epoch) at each epoch."""
+    task = StreamingTask()
+    config = TrainConfig(
+        **{**TINY, "accelerator": "cpu", "max_steps": STEPS, "log_every": 1}, run_dir=str(tmp_path)
+    )
+    summary = fit(config, make_plan("cpu", 1, "single"), task=task)  # type: ignore[arg-type]
+
+    per_epoch = SAMPLES // TINY["batch_size"]
+    epochs = (STEPS - 1) // per_epoch  # the epoch the last step is in
+    assert summary["steps"] == STEPS and summary["epochs"] == epochs >= 2
+    assert task.stream.epochs[: epochs + 1] == list(range(epochs + 1))
+    assert summary["loop_compilations"] == 1
+
+
+def test_streaming_task_needs_max_steps(tmp_path: Path) -> None:
+    """It refuses epochs for a stream, which has no length, in one line."""
+    config = TrainConfig(**{**TINY, "accelerator": "cpu"}, run_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="set max_steps instead of max_epochs"):
+        fit(config, make_plan("cpu", 1, "single"), task=StreamingTask())  # type: ignore[arg-type]
