@@ -158,29 +158,34 @@ def optimizer_and_schedule(model: nn.Module, total: int) -> tuple[Any, Any]:
 
 
 def hand_written(task: Any, total: int, devices: int, workload: str) -> dict[str, Any]:
-    """The loop of torch_xla's examples: MpDeviceLoader, xm.optimizer_step, step closures."""
-    if workload == "fsdp":
-        return hand_written_fsdp(task, total, devices)
+    """The loop of torch_xla's examples: MpDeviceLoader, an optimizer step, step closures.
+
+    Data parallel on one device or over an SPMD `data` axis; for the fsdp workload,
+    FSDPv2 as its documentation writes it: each block wrapped, the batch sharded.
+    """
     import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.distributed.parallel_loader as pl
 
     device = torch_xla.device()
     torch.manual_seed(CONFIG.seed)
-    model = task.build_model().to(device)
+    axis = "fsdp" if workload == "fsdp" else "data"
+    mesh = spmd_mesh(devices, axis) if devices > 1 else None
+    if workload == "fsdp":
+        model = fsdpv2(move_to_device(task.build_model(), device), task, mesh)  # ties kept
+    else:
+        model = task.build_model().to(device)
     optimizer, scheduler = optimizer_and_schedule(model, total)
     loader = DataLoader(
         task.train_dataset(), batch_size=task.batch_size * devices, shuffle=True, drop_last=True
     )
     sharding = None
-    if devices > 1:
-        import numpy as np
+    if mesh is not None:
         import torch_xla.distributed.spmd as xs
 
-        mesh = xs.Mesh(np.arange(devices), (devices,), ("data",))
         sample = next(iter(loader))
         sharding = {
-            k: xs.ShardingSpec(mesh, ("data",) + (None,) * (v.dim() - 1)) for k, v in sample.items()
+            k: xs.ShardingSpec(mesh, (axis,) + (None,) * (v.dim() - 1)) for k, v in sample.items()
         }
     losses: list[float] = []
     clock, step = Clock(total), 0
@@ -190,7 +195,7 @@ def hand_written(task: Any, total: int, devices: int, workload: str) -> dict[str
             loss = task.loss(model, batch)
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), CONFIG.grad_clip)
-            xm.optimizer_step(optimizer)
+            xm.optimizer_step(optimizer)  # under SPMD the compiler inserts the reductions
             scheduler.step()
             step += 1
             if step % LOG_EVERY == 0 or step == total:
@@ -202,55 +207,27 @@ def hand_written(task: Any, total: int, devices: int, workload: str) -> dict[str
     return clock.result()
 
 
-def hand_written_fsdp(task: Any, total: int, devices: int) -> dict[str, Any]:
-    """FSDPv2 as its documentation writes it: wrap each block, shard the batch, step."""
+def spmd_mesh(devices: int, axis: str) -> Any:
+    import numpy as np
+    import torch_xla.distributed.spmd as xs
+
+    return xs.Mesh(np.arange(devices), (devices,), (axis,))
+
+
+def fsdpv2(model: nn.Module, task: Any, mesh: Any) -> nn.Module:
+    """The model in FSDPv2, each of the task's blocks wrapped on its own."""
     import functools
 
-    import numpy as np
-    import torch_xla
-    import torch_xla.core.xla_model as xm
-    import torch_xla.distributed.parallel_loader as pl
-    import torch_xla.distributed.spmd as xs
     from torch_xla.distributed.fsdp.wrap import transformer_auto_wrap_policy
     from torch_xla.experimental.spmd_fully_sharded_data_parallel import (
         SpmdFullyShardedDataParallel as FSDPv2,
     )
 
-    device = torch_xla.device()
-    mesh = xs.Mesh(np.arange(devices), (devices,), ("fsdp",))
-    torch.manual_seed(CONFIG.seed)
-    model = move_to_device(task.build_model(), device)  # keeps the tied embedding tied
     block = getattr(task, "block_class", None)
     policy = block and functools.partial(
         transformer_auto_wrap_policy, transformer_layer_cls={block}
     )
-    model = FSDPv2(model, mesh=mesh, auto_wrap_policy=policy)
-    optimizer, scheduler = optimizer_and_schedule(model, total)
-    loader = DataLoader(
-        task.train_dataset(), batch_size=task.batch_size * devices, shuffle=True, drop_last=True
-    )
-    sample = next(iter(loader))
-    sharding = {
-        k: xs.ShardingSpec(mesh, ("fsdp",) + (None,) * (v.dim() - 1)) for k, v in sample.items()
-    }
-    losses: list[float] = []
-    clock, step = Clock(total), 0
-    while step < total:
-        for batch in pl.MpDeviceLoader(loader, device, input_sharding=sharding):
-            optimizer.zero_grad()
-            loss = task.loss(model, batch)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), CONFIG.grad_clip)
-            optimizer.step()  # under SPMD the compiler inserts the reductions
-            scheduler.step()
-            step += 1
-            if step % LOG_EVERY == 0 or step == total:
-                xm.add_step_closure(lambda value: losses.append(value.item()), args=(loss,))
-            clock.step(step)
-            if step == total:
-                break
-    torch_xla.sync()
-    return clock.result()
+    return FSDPv2(model, mesh=mesh, auto_wrap_policy=policy)
 
 
 def accelerate_loop(task: Any, total: int, devices: int, workload: str) -> dict[str, Any]:

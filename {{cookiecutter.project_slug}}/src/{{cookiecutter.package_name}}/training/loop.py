@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from .optim import build_optimizer, build_scheduler
 from .reporting import Reporter
 from .state import Progress
 from .throughput import Meter, Peak, count_flops, throughput_line
-from .watch import RunWatch
+from .watch import Preemption, RunWatch
 
 
 @dataclass
@@ -52,23 +51,6 @@ class TrainStep:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         return loss.detach().float()
-
-
-class Preemption:
-    """SIGTERM (a spot TPU being reclaimed) asks the run to save and stop."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def __enter__(self) -> Preemption:
-        self.previous = signal.signal(signal.SIGTERM, self._request)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGTERM, self.previous)
-
-    def _request(self, signum: int, frame: Any) -> None:
-        self.requested = True
 
 
 def due(every: int, step: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -134,3 +135,20 @@ class RunWatch:
                 f"{summary['status']}: {summary['steps']} steps; summary written to {path}"
             )
         return summary
+
+
+class Preemption:
+    """SIGTERM (a spot TPU being reclaimed) asks the run to save and stop."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __enter__(self) -> Preemption:
+        self.previous = signal.signal(signal.SIGTERM, self._request)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGTERM, self.previous)
+
+    def _request(self, signum: int, frame: Any) -> None:
+        self.requested = True
