@@ -128,7 +128,7 @@ def test_choices_match_cookiecutter_json(pre_gen: ModuleType, hook_constant: str
             {"accelerator_type": "v4-32", "runtime_version": "tpu-vm-base"},
             "'tpu-vm-base' does not run on v4-32; use tpu-ubuntu2204-base or tpu-vm-v4-base",
         ),
-        ({"strategy": "fsdp"}, "strategy 'fsdp' is not supported; choose one of auto"),
+        ({"strategy": "zero3"}, "strategy 'zero3' is not supported; choose one of auto"),
     ],
     ids=lambda value: value if isinstance(value, str) else "-".join(map(str, value.values())),
 )

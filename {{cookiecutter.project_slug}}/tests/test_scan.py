@@ -22,6 +22,12 @@ from training_helpers import cli, write_config
 {%- if cookiecutter.example_task in ("lm", "hf-causal-lm") %}
 
 DEEP = {**TINY, "task_options": {**TINY["task_options"], "layers": 4}}
+# Scanning changes how XLA fuses the blocks, so bf16 roundings land in other places.
+{%- if cookiecutter.precision == "32-true" %}
+LOSS_REL = 1e-5
+{%- else %}
+LOSS_REL = 1e-3
+{%- endif %}
 
 
 def run(tmp_path: Path, name: str, **overrides: Any) -> dict[str, Any]:
@@ -41,7 +47,7 @@ def test_scanned_blocks_give_the_unrolled_losses_with_one_graph(tmp_path: Path) 
     for (step, loss), (_, reference) in zip(
         scanned["train_losses"], unrolled["train_losses"], strict=True
     ):
-        assert loss == pytest.approx(reference, rel=1e-5), step
+        assert loss == pytest.approx(reference, rel=LOSS_REL), step
     # The parameters keep the unrolled model's names: the tie report and memory agree.
     assert scanned["tied_parameters"]["groups"] == unrolled["tied_parameters"]["groups"]
     assert scanned["memory"]["param_bytes_total"] == unrolled["memory"]["param_bytes_total"]
@@ -57,14 +63,17 @@ def test_scanned_checkpoint_resumes_unrolled(tmp_path: Path) -> None:
     for (step, loss), (_, reference) in zip(
         resumed["train_losses"], straight["train_losses"], strict=True
     ):
-        assert loss == pytest.approx(reference, rel=1e-5), step
+        assert loss == pytest.approx(reference, rel=LOSS_REL), step
 
 
 def test_scan_refuses_dropout_with_one_line(tmp_path: Path) -> None:
     """It names the dropout that torch_xla's scan cannot carry, before anything runs."""
     options = {**DEEP["task_options"], "dropout": 0.1}
     config = write_config(tmp_path, scan_layers=True, max_steps=2, task_options=options)
-    result = cli("train", "--config", str(config), "--run-dir", str(tmp_path / "run"))
+    # One device, whatever the baked project's default strategy (fsdp refuses scan first).
+    result = cli(
+        "train", "--config", str(config), "--strategy", "single", "--run-dir", str(tmp_path / "run")
+    )  # fmt: skip
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "dropout" in lines[0] and "scan_layers" in lines[0], lines
@@ -74,7 +83,10 @@ def test_scan_refuses_dropout_with_one_line(tmp_path: Path) -> None:
 def test_scan_needs_a_block_stack(tmp_path: Path) -> None:
     """It refuses scan_layers for a model without a BlockStack, in one line."""
     config = write_config(tmp_path, scan_layers=True, max_steps=2)
-    result = cli("train", "--config", str(config), "--run-dir", str(tmp_path / "run"))
+    # One device, whatever the baked project's default strategy (fsdp refuses scan first).
+    result = cli(
+        "train", "--config", str(config), "--strategy", "single", "--run-dir", str(tmp_path / "run")
+    )  # fmt: skip
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "BlockStack" in lines[0], lines

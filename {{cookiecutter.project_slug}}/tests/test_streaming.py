@@ -54,13 +54,16 @@ def test_streaming_task_trains_across_epochs(tmp_path: Path) -> None:
     config = TrainConfig(
         **{**TINY, "accelerator": "cpu", "max_steps": STEPS, "log_every": 1}, run_dir=str(tmp_path)
     )
-    summary = fit(config, make_plan("cpu", 1, "single"), task=task)  # type: ignore[arg-type]
+    # The guard, armed from step 2, fails the run if an epoch boundary compiles a graph.
+    plan = make_plan("cpu", 1, "single")
+    summary = fit(config, plan, task=task, guard_after=2)  # type: ignore[arg-type]
 
     per_epoch = SAMPLES // TINY["batch_size"]
     epochs = (STEPS - 1) // per_epoch  # the epoch the last step is in
     assert summary["steps"] == STEPS and summary["epochs"] == epochs >= 2
     assert task.stream.epochs[: epochs + 1] == list(range(epochs + 1))
-    assert summary["loop_compilations"] == 1
+    assert summary["guard"]["armed_at_step"] <= per_epoch  # it watched a new epoch start
+    assert summary["guard"]["compilations"] == 0
 
 
 def test_streaming_task_needs_max_steps(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import default_collate
 
 from {{ cookiecutter.package_name }}.core import find_shared_parameters, move_to_device
+from {{ cookiecutter.package_name }}.core.layers import enable_scan, stacked_parameters
 from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
 
 TINY = {"max_bytes": 20_000, "seq_len": 16, "dim": 32, "layers": 2, "heads": 4}
@@ -101,17 +102,24 @@ def test_scanned_blocks_give_the_unrolled_loss_and_gradients(xla_device):
     results = []
     for scan in (False, True):
         torch.manual_seed(0)
-        model = move_to_device(task.build_model(), xla_device)
-        model.transformer.h.scan = scan
+        model = task.build_model()
+        if scan:
+            assert enable_scan(model) == TINY["layers"]
+        move_to_device(model, xla_device)
         loss = task.loss(model, batch)
         graph = torch_xla._XLAC._get_xla_tensors_hlo([loss])
         assert ("while" in graph) == scan, "scan_layers' loop missing from (or in) the graph"
         loss.backward()
         torch_xla.sync()
         grads = {n: p.grad.cpu() for n, p in model.named_parameters()}
+        for stacked, blocks in stacked_parameters(model).items():  # each block's own gradient
+            name = next(n for n, p in model.named_parameters() if p is stacked)
+            grads.update({plain: grads[name][index] for index, plain in blocks})
+            del grads[name]
         results.append((loss.item(), grads))
 
     (unrolled, unrolled_grads), (scanned, scanned_grads) = results
+    assert scanned_grads.keys() == unrolled_grads.keys()
     assert scanned == pytest.approx(unrolled, rel=1e-6)
     for name, grad in unrolled_grads.items():
         assert torch.allclose(scanned_grads[name], grad, rtol=1e-4, atol=1e-6), name

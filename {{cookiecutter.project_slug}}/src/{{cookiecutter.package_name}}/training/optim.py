@@ -40,7 +40,9 @@ class Adafactor(torch.optim.Adafactor):
                 if not state:
                     _init_state(state, grad)
                 step = state["step"].add_(1)
-                one_minus_beta2 = step.pow(group["beta2_decay"])
+                # In the state's dtype (the gradient's, as torch's Adafactor keeps it):
+                # lerp_ takes no fp32 weight for bf16 tensors under bf16-true.
+                one_minus_beta2 = step.pow(group["beta2_decay"]).to(grad.dtype)
                 rho = step.rsqrt().clamp(max=lr)
                 floor = eps1 if eps1 is not None else torch.finfo(param.dtype).eps
                 scale = (param.norm(2) / param.numel() ** 0.5).clamp(min=eps2) * rho
