@@ -14,6 +14,7 @@ openssh-server, which is installed from Debian's packages when missing.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -41,13 +42,18 @@ export HOME="__HOME__" TPU_WORKER_ID="$worker" USER=root LOGNAME=root SHELL=/bin
 export PATH="__LOGIN_PATH__"
 # pip on a worker uses what the worker has: no index, no configuration of this machine.
 export PIP_CONFIG_FILE=/dev/null PIP_NO_INDEX=1 PIP_NO_BUILD_ISOLATION=0
+# Paths of this machine the worker sees in place although they lie in its own directories
+# (the runtime its image stands for): bound into the worker's folder, which is then bound
+# over the machine's directories with what is mounted in it.
+shared=(__SHARED__)
 exec unshare --mount --propagation private -- /bin/bash -c '
     set -eu
-    for dir in __PRIVATE_DIRS__; do mount --bind "$1/$dir" "/$dir"; done
+    for path in "${@:4}"; do mkdir -p "$1$path"; mount --bind "$path" "$1$path"; done
+    for dir in __PRIVATE_DIRS__; do mount --rbind "$1/$dir" "/$dir"; done
     cd "$HOME"
     if [ -z "$2" ]; then exec bash -l; fi
     if [ "$2" = "$3" ]; then exec "$3"; fi
-    exec bash -c "$2"' worker-shell "$root" "$command" "$sftp_server"
+    exec bash -c "$2"' worker-shell "$root" "$command" "$sftp_server" "${shared[@]}"
 """
 
 SSHD_CONFIG = """\
@@ -195,6 +201,15 @@ class Pod:
                 sshd.kill()
 
 
+def _hidden(paths: Sequence[Path]) -> list[Path]:
+    """The paths a worker's own directories would hide."""
+    return [
+        path.resolve()
+        for path in paths
+        if any(path.resolve().is_relative_to(f"/{private}") for private in PRIVATE_DIRS)
+    ]
+
+
 def _host_key(folder: Path) -> str:
     key = folder / "ssh_host_ed25519_key"
     subprocess.run(
@@ -215,8 +230,12 @@ def _wait_listening(address: str, deadline: float) -> bool:
     return False
 
 
-def start_pod(base: Path, count: int) -> Pod:
-    """Start `count` workers under `base`, each with its sshd on 127.0.0.(I+2):22."""
+def start_pod(base: Path, count: int, shared: Sequence[Path] = ()) -> Pod:
+    """Start `count` workers under `base`, each with its sshd on 127.0.0.(I+2):22.
+
+    `shared`: directories of this machine every worker sees at the same path, even where
+    that path lies in one of the worker's own directories (a virtual environment in /tmp).
+    """
     base.mkdir(parents=True, exist_ok=True)
     sshd, sftp_server = ensure_sshd(base / "sshd-install.log")
     addresses = [f"127.0.0.{index + 2}" for index in range(count)]
@@ -226,7 +245,8 @@ def start_pod(base: Path, count: int) -> Pod:
     shell.write_text(
         WORKER_SHELL.replace("__LOGIN_PATH__", LOGIN_PATH)
         .replace("__PRIVATE_DIRS__", " ".join(PRIVATE_DIRS))
-        .replace("__HOME__", HOME),
+        .replace("__HOME__", HOME)
+        .replace("__SHARED__", " ".join(shlex.quote(str(path)) for path in _hidden(shared))),
         encoding="utf-8",
     )
     shell.chmod(0o755)

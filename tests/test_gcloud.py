@@ -149,7 +149,9 @@ def gcloud() -> str:
 def pod(gcloud: str, tier_dir: Path) -> Iterator[Pod]:
     """Two workers, each behind its own sshd on 127.0.0.2 and 127.0.0.3."""
     try:
-        workers = start_pod(tier_dir / "pod", WORKERS)
+        # This machine's packages stand for the runtime a TPU image has (see `image`).
+        runtime = Path(sysconfig.get_paths()["purelib"])
+        workers = start_pod(tier_dir / "pod", WORKERS, shared=[runtime])
     except WorkersUnavailable as error:
         unavailable(f"no pod workers here: {error}")
         raise
