@@ -203,11 +203,8 @@ class Pod:
 
 def _hidden(paths: Sequence[Path]) -> list[Path]:
     """The paths a worker's own directories would hide."""
-    return [
-        path.resolve()
-        for path in paths
-        if any(path.resolve().is_relative_to(f"/{private}") for private in PRIVATE_DIRS)
-    ]
+    resolved = [path.resolve() for path in paths]
+    return [path for path in resolved if any(path.is_relative_to(f"/{d}") for d in PRIVATE_DIRS)]
 
 
 def _host_key(folder: Path) -> str:

@@ -3,9 +3,10 @@ checkpoints move between the two."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
-{%- if cookiecutter.example_task in ("lm", "hf-causal-lm") %}
 from typing import Any
+{%- if cookiecutter.example_task in ("lm", "hf-causal-lm") %}
 
 import pytest
 
@@ -19,7 +20,14 @@ PLAN = make_plan("cpu", 1, "single")
 
 from training_helpers import cli, write_config
 {%- endif %}
+
+
+def train_scanned(tmp_path: Path, *flags: str, **options: Any) -> subprocess.CompletedProcess[str]:
+    """The CLI's `train` on 2 steps with scan_layers (and `options`), given `flags`."""
+    config = write_config(tmp_path, scan_layers=True, max_steps=2, **options)
+    return cli("train", "--config", str(config), *flags, "--run-dir", str(tmp_path / "run"))
 {%- if cookiecutter.example_task in ("lm", "hf-causal-lm") %}
+
 
 DEEP = {**TINY, "task_options": {**TINY["task_options"], "layers": 4}}
 # Scanning changes how XLA fuses the blocks, so bf16 roundings land in other places.
@@ -69,11 +77,8 @@ def test_scanned_checkpoint_resumes_unrolled(tmp_path: Path) -> None:
 def test_scan_refuses_dropout_with_one_line(tmp_path: Path) -> None:
     """It names the dropout that torch_xla's scan cannot carry, before anything runs."""
     options = {**DEEP["task_options"], "dropout": 0.1}
-    config = write_config(tmp_path, scan_layers=True, max_steps=2, task_options=options)
     # One device, whatever the baked project's default strategy (fsdp refuses scan first).
-    result = cli(
-        "train", "--config", str(config), "--strategy", "single", "--run-dir", str(tmp_path / "run")
-    )  # fmt: skip
+    result = train_scanned(tmp_path, "--strategy", "single", task_options=options)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "dropout" in lines[0] and "scan_layers" in lines[0], lines
@@ -82,11 +87,7 @@ def test_scan_refuses_dropout_with_one_line(tmp_path: Path) -> None:
 
 def test_scan_needs_a_block_stack(tmp_path: Path) -> None:
     """It refuses scan_layers for a model without a BlockStack, in one line."""
-    config = write_config(tmp_path, scan_layers=True, max_steps=2)
-    # One device, whatever the baked project's default strategy (fsdp refuses scan first).
-    result = cli(
-        "train", "--config", str(config), "--strategy", "single", "--run-dir", str(tmp_path / "run")
-    )  # fmt: skip
+    result = train_scanned(tmp_path, "--strategy", "single")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "BlockStack" in lines[0], lines
@@ -95,11 +96,7 @@ def test_scan_needs_a_block_stack(tmp_path: Path) -> None:
 
 def test_scan_under_fsdp_is_refused_before_launch(tmp_path: Path) -> None:
     """It refuses scan_layers under fsdp with one line, without starting SPMD."""
-    config = write_config(tmp_path, scan_layers=True, max_steps=2)
-    result = cli(
-        "train", "--config", str(config), "--devices", "8", "--strategy", "fsdp",
-        "--run-dir", str(tmp_path / "run"),
-    )  # fmt: skip
+    result = train_scanned(tmp_path, "--devices", "8", "--strategy", "fsdp")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: scan_layers does not run under fsdp with torch_xla 2.9 (its scan cannot trace "

@@ -111,11 +111,12 @@ def test_scanned_blocks_give_the_unrolled_loss_and_gradients(xla_device):
         assert ("while" in graph) == scan, "scan_layers' loop missing from (or in) the graph"
         loss.backward()
         torch_xla.sync()
-        grads = {n: p.grad.cpu() for n, p in model.named_parameters()}
-        for stacked, blocks in stacked_parameters(model).items():  # each block's own gradient
-            name = next(n for n, p in model.named_parameters() if p is stacked)
-            grads.update({plain: grads[name][index] for index, plain in blocks})
-            del grads[name]
+        stacked = stacked_parameters(model)  # a scanned parameter: each block's own gradient
+        grads = {
+            plain: (p.grad if index is None else p.grad[index]).cpu()
+            for name, p in model.named_parameters()
+            for index, plain in stacked.get(p, [(None, name)])
+        }
         results.append((loss.item(), grads))
 
     (unrolled, unrolled_grads), (scanned, scanned_grads) = results

@@ -56,10 +56,8 @@ def test_every_log_line_has_the_rates_and_the_summary_the_first_step(
     """It logs steps/s, samples/s and FLOPs/s (tokens/s for text) and times the first step."""
     # A batch size no other test uses: this process has compiled no graph of this shape,
     # so the first step must compile.
-    config = TrainConfig(
-        **{**TINY, "accelerator": "cpu", "max_steps": 6, "log_every": 2, "run_dir": str(tmp_path)}
-        | {"batch_size": TINY["batch_size"] + 3},
-    )
+    options = {**TINY, "accelerator": "cpu", "max_steps": 6, "log_every": 2}
+    config = TrainConfig(**{**options, "batch_size": TINY["batch_size"] + 3}, run_dir=str(tmp_path))
     summary: dict[str, Any] = fit(config, make_plan("cpu", 1, "single"))
     printed = capsys.readouterr().out
 
