@@ -9,6 +9,9 @@ DEMO_DIR := build/demo
 BENCH_DIR := build/bench
 BENCH_ARGS ?=
 PYTEST_ARGS ?=
+# Where torch comes from; empty: the package index. The CPU build saves ~3 GB of CUDA
+# libraries where https://download.pytorch.org/whl/cpu is reachable (see README).
+TORCH_INDEX_URL ?=
 
 .PHONY: help venv test test-docker test-gcloud test-fast demo lint bench clean
 
@@ -18,6 +21,7 @@ help: ## List the targets
 $(STAMP): requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX_URL),$(BIN)/python -m pip install --quiet --index-url '$(TORCH_INDEX_URL)' torch==2.9.0)
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	touch $(STAMP)
 

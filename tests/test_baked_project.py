@@ -13,16 +13,17 @@ import pytest
 
 from helpers import Baked, tool_env
 
-# The project's suite runs on XLA:CPU in this interpreter (torch is too big for
-# a venv per project). Two combinations run it whole: the default and the hf-causal-lm
-# task under fsdp. Two more cover the vision task and the spmd, ddp, bf16 defaults
-# without the multi-run end-to-end tests (`slow`), which do not depend on them.
+# These suites run on XLA:CPU in this interpreter's environment. The default bake runs its
+# whole suite the user's way, in its own environment (test_users_way.py). The hf-causal-lm
+# task under fsdp runs its whole suite here; two more cover the vision task and the spmd,
+# ddp, bf16 defaults without the multi-run end-to-end tests (`slow`), which do not depend
+# on them.
 SUITE_COMBOS = {
-    "default-lm": "",
     "hf-causal-lm-fsdp-bf16-mixed": "",
     "vision-bf16-mixed-spmd": "not slow",
     "v4-8-ddp-bf16-true": "not slow",
 }
+LINT_COMBOS = ["default-lm", *SUITE_COMBOS]
 CLI_COMBOS = ["default-lm", "v5litepod-32-own-names"]
 
 
@@ -69,7 +70,7 @@ def test_baked_project_test_suite_passes(combo: str, bake_combo: Callable[[str],
     assert not problems, output[-5000:]
 
 
-@pytest.mark.parametrize("combo", SUITE_COMBOS)
+@pytest.mark.parametrize("combo", LINT_COMBOS)
 def test_baked_project_make_lint_passes(combo: str, bake_combo: Callable[[str], Baked]) -> None:
     """It passes the baked project's own `make lint` (ruff, ruff format, mypy) on first bake."""
     baked = bake_combo(combo)

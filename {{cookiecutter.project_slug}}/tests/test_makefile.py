@@ -46,3 +46,15 @@ def test_make_train_8_runs_spmd_on_8_cpu_devices(tmp_path: Path) -> None:
     assert (summary["strategy"], summary["devices"], summary["steps"]) == ("spmd", 8, 2)
     assert summary["loop_compilations"] == 1, "the second SPMD step compiled a graph of its own"
     assert "spmd on 8 XLA:CPU device(s), 1 process(es)" in output
+
+
+def test_make_install_takes_torch_from_torch_index_url() -> None:
+    """It installs torch from TORCH_INDEX_URL before the project, and from the index without."""
+    index = "https://download.pytorch.org/whl/cpu"
+    named = _make("-n", "install", f"TORCH_INDEX_URL={index}").stdout.splitlines()
+    torch_line = f"--index-url '{index}' torch==2.9.0"
+    first = next(i for i, line in enumerate(named) if torch_line in line)
+    project = next(i for i, line in enumerate(named) if "-e '.[dev]'" in line)
+    assert first < project, named
+    plain = _make("-n", "install").stdout
+    assert "--index-url" not in plain and "-e '.[dev]'" in plain

@@ -1,0 +1,86 @@
+"""A bake's own `make install && make test`, run the way its README tells a user: in the
+bake's own `.venv`, made by the bake's Makefile from the machine's Python, from a shell
+where no environment is activated and nothing of the template's environment is on PATH."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from docker_engine import host_index_url
+from helpers import Baked
+
+TEMPLATE_BIN = Path(sys.prefix).resolve() / "bin"
+# Per Python version: the combination baked for it, the tests its run selects, and whether
+# torch comes through TORCH_INDEX_URL (here the host's own index: PyTorch's CPU index is out
+# of this machine's reach). The default bake runs its whole suite; the others the quick tier.
+USERS_WAY = {
+    "3.11": ("default-lm", "", False),
+    "3.10": ("v2-8-legacy-runtime-py310", "not slow", False),
+    "3.12": ("v6e-8-vision-py312", "not slow", True),
+}
+# What the tests of a bake call by name: on PATH only through the bake's own environment.
+TOOLS = ("hadolint", "shellcheck", "ruff", "pre-commit")
+
+
+def users_shell() -> dict[str, str]:
+    """This machine's environment as a fresh shell has it: no venv active, none on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PJRT_"))}
+    for name in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CPU_NUM_DEVICES"):
+        env.pop(name, None)
+    env["PATH"] = os.pathsep.join(
+        entry
+        for entry in env.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+        if entry and not Path(entry).resolve().is_relative_to(Path(sys.prefix).resolve())
+    )
+    return env
+
+
+def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> str:
+    """Run a command; its standard output, or a failure with its last output lines."""
+    done = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if done.returncode != 0:
+        output = done.stdout + done.stderr
+        pytest.fail(f"{' '.join(command)} exited {done.returncode}:\n{output[-6000:]}")
+    return done.stdout
+
+
+@pytest.mark.suite
+@pytest.mark.parametrize("python", USERS_WAY)
+def test_bake_installs_and_passes_its_suite_from_a_plain_shell(
+    python: str, bake_combo: Callable[[str], Baked], tmp_path: Path
+) -> None:
+    """It passes a bake's `make install && make test` in the bake's own venv, not activated."""
+    if shutil.which(f"python{python}") is None:
+        pytest.skip(f"python{python} is not on this machine")
+    combo, selection, torch_index = USERS_WAY[python]
+    baked = bake_combo(combo)
+    assert baked.exit_code == 0, baked.exception
+    assert baked.context["python_version"] == python
+    project = tmp_path / baked.path.name
+    shutil.copytree(baked.path, project)
+    env = users_shell()
+    reachable = [tool for tool in TOOLS if shutil.which(tool, path=env["PATH"])]
+    assert not reachable, f"the plain shell already has {reachable}: it would prove nothing"
+
+    index = [f"TORCH_INDEX_URL={host_index_url()}"] if torch_index else []
+    run(["make", "install", *index], project, env, timeout=1800)
+    venv = project / ".venv"
+    version = run([str(venv / "bin" / "python"), "--version"], project, env, timeout=60)
+    assert version.split()[1].startswith(f"{python}."), version
+    for tool in TOOLS:
+        assert (venv / "bin" / tool).is_file(), f"make install did not install {tool}"
+
+    args = "-q -p no:cacheprovider" + (f" -m '{selection}'" if selection else "")
+    output = run(["make", "test", f"PYTEST_ARGS={args}"], project, env, timeout=2400)
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", output.splitlines()[-1])}
+    assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
