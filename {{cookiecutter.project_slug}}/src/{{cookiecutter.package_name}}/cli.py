@@ -212,15 +212,24 @@ def evaluate(
 @app.command("export")
 def export(
     checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)],
-    out: Annotated[Path, typer.Option(help="The safetensors file to write.")],
+    out: Annotated[Path, typer.Option(help="safetensors: the file to write; hf: a new directory.")],
+    format: Annotated[
+        str, typer.Option(help="safetensors (this project's loader) or hf (transformers).")
+    ] = "safetensors",
+    adapter_only: Annotated[
+        bool, typer.Option(help="hf, LoRA runs: the adapter alone, for peft (else merged).")
+    ] = False,
+    max_shard_size: Annotated[
+        str, typer.Option(help="hf: weights above this split into indexed shards.")
+    ] = "5GB",
 ) -> None:
-    """Write a checkpoint's weights as one safetensors file that plain torch loads on a CPU."""
+    """Write a checkpoint's weights for plain torch on a CPU, or as a Hugging Face model."""
     from .core.checkpointing import CheckpointError
     from .training.config import ConfigError
     from .training.export import export_checkpoint
 
     try:
-        written = export_checkpoint(checkpoint, out)
+        written = export_checkpoint(checkpoint, out, format, adapter_only, max_shard_size)
     except (CheckpointError, ConfigError, ValueError, OSError) as error:
         fail(str(error))
     typer.echo(f"exported {written['checkpoint']} -> {out} ({written['parameters']} parameters)")

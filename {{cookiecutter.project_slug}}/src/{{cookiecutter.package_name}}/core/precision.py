@@ -72,6 +72,7 @@ class Precision:
     def forward_context(self) -> contextlib.AbstractContextManager[None]:
         """Context for forward passes: XLA autocast under bf16-mixed, nothing otherwise."""
         if self.name == "bf16-mixed":
+            autocast_attention()
             return torch.autocast("xla", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -86,6 +87,33 @@ class Precision:
         if self.name != "bf16-true":
             return batch
         return {key: self.convert_input(value) for key, value in batch.items()}
+
+
+_AUTOCAST_LIBRARY: list[torch.library.Library] = []  # kept alive: it holds the registration
+
+
+def autocast_attention() -> None:
+    """Run SDPA in the autocast dtype under XLA autocast, as CUDA's autocast does.
+
+    torch_xla's autocast leaves `scaled_dot_product_attention` out of its cast list, so
+    a model whose query and key leave fp32 rotary embeddings (Llama, Qwen2, Gemma, ...)
+    while its value comes from a bf16 projection fails: "Expected query, key, and value
+    to have the same dtype". This kernel casts all three (once per process).
+    """
+    if _AUTOCAST_LIBRARY:
+        return
+
+    def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: object,
+             **kwargs: object) -> torch.Tensor:  # fmt: skip
+        dtype = torch.get_autocast_dtype("xla")
+        with torch.autocast("xla", enabled=False):
+            return torch.ops.aten.scaled_dot_product_attention(  # type: ignore[no-any-return]
+                query.to(dtype), key.to(dtype), value.to(dtype), *args, **kwargs
+            )
+
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("scaled_dot_product_attention", sdpa, "AutocastXLA")
+    _AUTOCAST_LIBRARY.append(library)
 
 
 def accumulator(device: torch.device | str | None = None) -> torch.Tensor:

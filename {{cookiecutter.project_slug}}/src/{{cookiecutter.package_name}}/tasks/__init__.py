@@ -79,10 +79,12 @@ def load_task(name: str, data: str = "", options: dict[str, Any] | None = None) 
 
 
 def block_class(task: Task, model: nn.Module) -> type[nn.Module] | None:
-    """The task's repeated block class: its `block_class`, or the model's BlockStack blocks."""
+    """The task's repeated block class: its `block_class`, a Hugging Face model's decoder
+    layer, or the model's BlockStack blocks."""
+    from .. import hf
     from ..core.layers import block_class_of
 
-    return getattr(task, "block_class", None) or block_class_of(model)
+    return getattr(task, "block_class", None) or hf.block_class(model) or block_class_of(model)
 
 
 def summarize(task: Task, means: dict[str, float]) -> dict[str, float]:

@@ -24,6 +24,7 @@ from ..core.checkpointing import (
     saved_keys,
 )
 from ..core.layers import stacked_parameters
+from ..hf.lora import is_lora
 from .state import Progress, restore_rng_states, rng_states
 
 FORMAT = "{{ cookiecutter.package_name }}-checkpoint"
@@ -52,15 +53,30 @@ def read_config(location: str) -> tuple[str, dict[str, Any]]:
     return path, dict(header["config"])
 
 
+def saved_weights(strategy: Strategy | None, model: nn.Module) -> dict[str, Any]:
+    """The model's tensors a checkpoint holds, under the plain model's names (live tensors).
+
+    Every tensor of the model; of a LoRA model only the adapters (what trains): its frozen
+    base is rebuilt by the task, identically, whenever the checkpoint is read. Without a
+    strategy, the model is a plain one on the host.
+    """
+    state = strategy.model_state_dict(model) if strategy else dict(model.state_dict())
+    if not is_lora(model):
+        return state
+    plain = strategy.plain_name if strategy else str
+    trainable = {plain(n) for n, p in model.named_parameters() if p.requires_grad}
+    return {name: tensor for name, tensor in state.items() if name in trainable}
+
+
 def model_state(strategy: Strategy, model: nn.Module) -> dict[str, Any]:
-    """The model's tensors under the plain model's names (the live tensors, not copies)."""
-    return {"format": FORMAT, "version": VERSION, "model": strategy.model_state_dict(model)}
+    """The header and the model's saved tensors (the live tensors, not copies)."""
+    return {"format": FORMAT, "version": VERSION, "model": saved_weights(strategy, model)}
 
 
 def load_weights(location: str, strategy: Strategy, model: nn.Module) -> str:
     """Load a checkpoint's weights into a placed model; return the checkpoint's path."""
     path, _ = read_config(location)
-    state = {"model": strategy.model_state_dict(model)}
+    state = {"model": saved_weights(strategy, model)}
     read(path, state)
     strategy.load_model_state_dict(model, state["model"])
     return path

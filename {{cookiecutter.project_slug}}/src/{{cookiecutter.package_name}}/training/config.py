@@ -59,6 +59,7 @@ class TrainConfig:
     profile_port: int = 9012
     metrics_report: bool = False
     task_options: dict[str, Any] = field(default_factory=dict)
+    lora: dict[str, Any] = field(default_factory=dict)  # empty: full training (see lora.py)
 
     def validate(self) -> TrainConfig:
         """Raise ConfigError for values no run can use."""
@@ -142,9 +143,16 @@ def read_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def _kind(key: str) -> type:
+    """The type of a config key's value (from its default)."""
+    return type(getattr(TrainConfig(), key))
+
+
 def _coerce(key: str, value: Any) -> Any:
-    kind = type(getattr(TrainConfig(), key))
+    kind = _kind(key)
     if kind is dict:
+        if isinstance(value, str):
+            value = parse_value(value)  # an inline table from the command line: {seq_len = 32}
         if not isinstance(value, dict):
             raise ConfigError(f"{key} must be a table, got {value!r}")
         return value
@@ -157,17 +165,53 @@ def _coerce(key: str, value: Any) -> Any:
 
 
 def build_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults < file < overrides; unknown keys are errors, not silently ignored."""
+    """Defaults < file < overrides; unknown keys are errors, not silently ignored.
+
+    An override's key may reach into a table (`task_options.seq_len`, `lora.rank`); its
+    value, when it is text, is read as a TOML value, as it would be in the config file.
+    """
     values: dict[str, Any] = {}
     if path is not None:
         values.update(read_file(path))
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            set_value(values, key, value)
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
         raise ConfigError(
             f"unknown config key {unknown[0]!r}: valid keys are {', '.join(sorted(FIELDS))}"
         )
     return TrainConfig(**{k: _coerce(k, v) for k, v in values.items()}).validate()
+
+
+def set_value(values: dict[str, Any], key: str, value: Any) -> None:
+    """Set `key` (dotted into tables: `lora.rank`) in `values`, copying the tables it changes."""
+    head, *path = key.split(".")
+    if not path:
+        values[head] = value
+        return
+    if head not in FIELDS:
+        raise ConfigError(
+            f"unknown config key {head!r} in {key!r}: valid keys are {', '.join(sorted(FIELDS))}"
+        )
+    if _kind(head) is not dict:
+        raise ConfigError(f"{head!r} is not a table of options: set it as {head}=VALUE")
+    if not all(path):
+        raise ConfigError(f"override key {key!r} has an empty part")
+    table = values[head] = dict(values.get(head) or {})
+    for part in path[:-1]:
+        inner = table.get(part)
+        table[part] = dict(inner) if isinstance(inner, dict) else {}
+        table = table[part]
+    table[path[-1]] = parse_value(value) if isinstance(value, str) else value
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value read as TOML (`32`, `1e-3`, `true`, `["q", "v"]`), else the text."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def parse_override(text: str) -> tuple[str, str]:

@@ -11,13 +11,13 @@ import torch
 from torch import nn
 
 from ..core import Plan, Precision, Strategy, memory, ops, runtime
-from ..core.layers import enable_scan
 from ..tasks import Task, block_class, load_task
 from .checkpoint import Checkpointer, default_directory, resume_location
 from .config import ConfigError, TrainConfig
 from .data import training_data
 from .diagnostics import Diagnostics
 from .evaluation import Evaluator
+from .model import build_model, describe_parameters
 from .optim import build_optimizer, build_scheduler
 from .reporting import Reporter
 from .state import Progress
@@ -70,15 +70,12 @@ def fit(
     task = task or load_task(cfg.task, cfg.data, cfg.task_options)
 
     # ---- set-up --------------------------------------------------------------------
-    ops.seed_host(cfg.seed)  # the model's initial weights depend on it
-    model = model if model is not None else task.build_model()
+    if cfg.scan_layers:
+        strategy.check_scan()
+    model = build_model(task, cfg, model)  # seeded, adapted (HF, LoRA, scan), cast
     cache = runtime.compile_cache_dir(cfg.compile_cache, plan.accelerator)
     ops.initialize_compile_cache(cache, readonly=not strategy.is_local_master())
     ops.set_rng_state(cfg.seed)
-    if cfg.scan_layers:  # checkpointing, if asked for, happens inside the scan
-        strategy.check_scan()
-        enable_scan(model, remat=cfg.activation_checkpointing)
-    precision.convert_module(model)
     blocks = block_class(task, model)
     checkpointed = cfg.activation_checkpointing and not cfg.scan_layers
     model, ties = strategy.setup_model(model, blocks, checkpointed)
@@ -121,6 +118,7 @@ def fit(
     state_bytes = memory.state_memory(model, optimizer)
     reporter.line(f"{strategy.describe()}; global batch {global_batch}, {precision.name}")
     reporter.line(ties.describe())
+    reporter.line(describe_parameters(model))
     reporter.line(memory.describe(state_bytes, memory.device_peak_bytes(runtime.device())))
     if resume_from is not None:
         reporter.line(

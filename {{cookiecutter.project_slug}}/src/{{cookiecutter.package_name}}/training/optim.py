@@ -99,8 +99,9 @@ def build_optimizer(
         return optimizer
     kind = OPTIMIZERS[config.optimizer]
     options = {"lr": config.lr, "weight_decay": config.weight_decay, **config.optimizer_options}
+    trainable = [param for param in model.parameters() if param.requires_grad]  # not a frozen base
     try:
-        return kind(model.parameters(), **options)
+        return kind(trainable, **options)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"optimizer {config.optimizer!r}: {error}") from None
 

@@ -131,9 +131,9 @@ class Strategy:
         return {self.plain_name(k): v for k, v in model.state_dict().items()}
 
     def load_model_state_dict(self, model: nn.Module, state: Mapping[str, Any]) -> None:
-        """Load a state saved by `model_state_dict`, whatever strategy saved it."""
+        """Load a state saved by `model_state_dict` (or part of it), whatever strategy saved it."""
         names = {self.plain_name(k): k for k in model.state_dict()}
-        model.load_state_dict({names[k]: v for k, v in state.items()})
+        model.load_state_dict({names[k]: v for k, v in state.items()}, strict=False)
 
     # ---- collectives ------------------------------------------------------------------
     def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:

@@ -1,0 +1,66 @@
+"""Hugging Face `transformers` models: what the project does for any decoder, in one place.
+
+The training loop, evaluation and export call these for every model; they act only on
+`transformers` models (and `peft` LoRA around them), so a task of your own that returns
+`AutoModelForCausalLM.from_config(...)` gets the same treatment as the example. Nothing
+here imports `transformers` unless the model came from it: projects without it work alike.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from torch import nn
+
+__all__ = ["HFConfigError", "block_class", "is_hf_model", "prepare", "unwrap"]
+
+
+class HFConfigError(ValueError):
+    """A Hugging Face model, tokenizer or LoRA request that cannot run; the message says why."""
+
+
+def unwrap(model: nn.Module) -> Any:
+    """The `transformers` model inside `model` (itself, or the one peft wraps), else None."""
+    transformers = sys.modules.get("transformers")
+    if transformers is None:  # never imported: no model can come from it
+        return None
+    for module in model.modules():
+        if isinstance(module, transformers.PreTrainedModel):
+            return module
+    return None
+
+
+def is_hf_model(model: nn.Module) -> bool:
+    return unwrap(model) is not None
+
+
+def prepare(model: nn.Module) -> nn.Module:
+    """Make a `transformers` model train at XLA speed; other models pass through untouched.
+
+    - Attention masks are built without reading the device (`masks.static_masks`):
+      one graph per step, no host sync, in its own forward.
+    - The key/value cache is off: training never reuses it, and with activation
+      checkpointing a recomputed layer would append to it a second time.
+    - Attention runs through PyTorch's SDPA, which XLA lowers (eager works too, slower).
+    """
+    inner = unwrap(model)
+    if inner is None:
+        return model
+    from .masks import static_masks
+
+    static_masks()
+    inner.config.use_cache = False
+    if inner.config._attn_implementation not in ("sdpa", "eager"):
+        inner.set_attn_implementation("sdpa")
+    return model
+
+
+def block_class(model: nn.Module) -> type[nn.Module] | None:
+    """The model's repeated decoder layer, from `_no_split_modules` (what fsdp wraps)."""
+    inner = unwrap(model)
+    names = set(getattr(inner, "_no_split_modules", None) or ()) if inner is not None else set()
+    for module in model.modules():
+        if type(module).__name__ in names:
+            return type(module)
+    return None

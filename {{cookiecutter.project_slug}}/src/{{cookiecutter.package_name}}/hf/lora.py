@@ -1,0 +1,105 @@
+"""LoRA fine-tuning through `peft`: the base frozen, low-rank adapters trained.
+
+Set in the config's `[lora]` table (or `--set lora.rank=16`); an empty table trains every
+weight. The base model's weights stay frozen (in bf16 with `base_bf16 = true`, under
+`bf16-mixed`), the optimizer sees only the adapters, and checkpoints hold the adapters
+and their optimizer state: the base comes back from the task (its pretrained weights, or
+its seeded initialisation) when a run resumes, evaluates or exports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import HFConfigError
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    # Module names (or name suffixes) that get adapters; "all-linear": every linear layer
+    # but the output head.
+    target_modules: tuple[str, ...] | str = "all-linear"
+    base_bf16: bool = False
+
+    @classmethod
+    def from_dict(cls, table: dict[str, Any]) -> LoraSettings:
+        """The `[lora]` table's settings; HFConfigError names an unknown or bad key."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(table) - known)
+        if unknown:
+            raise HFConfigError(
+                f"unknown lora option {unknown[0]!r}: lora takes {', '.join(sorted(known))}"
+            )
+        values = dict(table)
+        targets = values.get("target_modules", cls.target_modules)
+        if isinstance(targets, str) and targets != "all-linear":
+            targets = tuple(t.strip() for t in targets.split(",") if t.strip())
+        elif isinstance(targets, list):
+            targets = tuple(str(t) for t in targets)
+        values["target_modules"] = targets
+        try:
+            settings = cls(**values)
+            rank, alpha, dropout = int(settings.rank), int(settings.alpha), settings.dropout
+        except (TypeError, ValueError) as error:
+            raise HFConfigError(f"lora: {error}") from None
+        if rank < 1 or alpha <= 0 or not 0 <= float(dropout) < 1 or not targets:
+            raise HFConfigError(
+                "lora needs rank >= 1, alpha > 0, 0 <= dropout < 1 and some target_modules, "
+                f"got rank={settings.rank}, alpha={settings.alpha}, dropout={settings.dropout}, "
+                f"target_modules={targets!r}"
+            )
+        return settings
+
+
+def apply_lora(model: nn.Module, settings: LoraSettings, precision: str) -> nn.Module:
+    """The model with LoRA adapters on its target modules and every other weight frozen."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise HFConfigError(
+            "lora needs peft: pip install -e '.[hf]' (or pip install peft)"
+        ) from None
+    if settings.base_bf16 and precision != "bf16-mixed":
+        raise HFConfigError(
+            f"lora.base_bf16 needs precision 'bf16-mixed' (autocast feeds the bf16 base), "
+            f"not {precision!r}; under bf16-true every weight is bf16 already"
+        )
+    targets: Any = settings.target_modules
+    config = LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=targets if isinstance(targets, str) else list(targets),
+    )
+    try:
+        wrapped = get_peft_model(model, config)
+    except ValueError as error:  # peft: "Target modules {...} not found in the base model"
+        first = str(error).strip().splitlines()[0]
+        raise HFConfigError(f"lora.target_modules {targets!r} match nothing: {first}") from None
+    if settings.base_bf16:
+        for param in wrapped.parameters():
+            if not param.requires_grad and param.is_floating_point():
+                param.data = param.data.to(torch.bfloat16)
+    return wrapped  # type: ignore[no-any-return]
+
+
+def is_lora(model: nn.Module) -> bool:
+    """True for a model with peft adapters (its checkpoints hold only what trains)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return any(isinstance(module, PeftModel) for module in model.modules())
+
+
+def merged(model: nn.Module) -> nn.Module:
+    """The base model with the adapters folded into its weights (for export)."""
+    peft_model = next(m for m in model.modules() if type(m).__name__.startswith("Peft"))
+    return peft_model.merge_and_unload()  # type: ignore[no-any-return,operator]

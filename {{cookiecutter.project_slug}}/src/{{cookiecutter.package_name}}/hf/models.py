@@ -1,0 +1,167 @@
+"""Decoder-only causal LMs from `transformers`: built from a config, or loaded offline.
+
+`build_decoder("llama", sizes)` makes any architecture `AutoModelForCausalLM` knows from
+a config (no download); `load_decoder(name)` loads a model from the local Hugging Face
+cache or a `save_pretrained` directory. Encoders and encoder-decoders are refused: the
+project trains next-token predictors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from . import HFConfigError
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The shape of a decoder built from scratch; 0 means the usual default."""
+
+    vocab: int
+    positions: int
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int = 0  # 0: as many as heads (no grouped-query attention)
+    mlp_dim: int = 0  # 0: 4 x dim
+    dropout: float = 0.0
+    tie_embeddings: bool | None = None  # None: the architecture's own default
+
+    def check(self) -> None:
+        kv_heads = self.kv_heads or self.heads
+        if self.dim % self.heads:
+            raise HFConfigError(f"dim {self.dim} is not a multiple of heads {self.heads}")
+        if self.heads % kv_heads:
+            raise HFConfigError(f"heads {self.heads} is not a multiple of kv_heads {kv_heads}")
+
+    def config_values(self) -> dict[str, Any]:
+        """The sizes under transformers' common config names (and GPT-2's own)."""
+        mlp = self.mlp_dim or 4 * self.dim
+        values: dict[str, Any] = {
+            "vocab_size": self.vocab,
+            "max_position_embeddings": self.positions,
+            "hidden_size": self.dim,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads or self.heads,
+            "head_dim": self.dim // self.heads,
+            "intermediate_size": mlp,
+            "n_inner": mlp,
+            # No special token ids: a byte vocabulary has none, and defaults point past it.
+            "bos_token_id": None,
+            "eos_token_id": None,
+            "pad_token_id": None,
+        }
+        for name in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop"):
+            values[name] = self.dropout
+        values["attn_pdrop"] = self.dropout
+        if self.tie_embeddings is not None:
+            values["tie_word_embeddings"] = self.tie_embeddings
+        return values
+
+
+def architectures() -> list[str]:
+    """Every model type `AutoModelForCausalLM` builds that is a decoder-only model."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    return sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - set(MODEL_FOR_MASKED_LM_MAPPING_NAMES))
+
+
+def check_decoder(config: Any, what: str) -> None:
+    """Refuse configs that are not decoder-only causal LMs (HFConfigError names the kind)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    kind = config.model_type
+    if getattr(config, "is_encoder_decoder", False):
+        raise HFConfigError(
+            f"{what} is a {kind!r} encoder-decoder model; this task trains decoder-only "
+            "causal LMs (llama, qwen2, gemma, mistral, gpt2, ...)"
+        )
+    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        raise HFConfigError(
+            f"{what} is a {kind!r} encoder (masked LM); this task trains decoder-only "
+            "causal LMs (llama, qwen2, gemma, mistral, gpt2, ...)"
+        )
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise HFConfigError(f"{what} is a {kind!r} model, which has no causal LM head")
+
+
+def decoder_config(architecture: str, sizes: Sizes) -> Any:
+    """The config of a decoder of `architecture` with these sizes (no download)."""
+    from transformers import AutoConfig
+
+    sizes.check()
+    if architecture not in _config_types():
+        raise HFConfigError(
+            f"unknown architecture {architecture!r}: transformers knows no such model type "
+            f"(decoders it builds: {', '.join(architectures()[:12])}, ...)"
+        )
+    config = AutoConfig.for_model(architecture, **sizes.config_values())
+    check_decoder(config, f"architecture {architecture!r}")
+    return config
+
+
+def build_decoder(architecture: str, sizes: Sizes) -> nn.Module:
+    """A freshly initialised decoder (weights from torch's generator: seed it first)."""
+    from transformers import AutoModelForCausalLM
+
+    config = decoder_config(architecture, sizes)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")  # type: ignore[no-any-return]
+
+
+def _config_types() -> set[str]:
+    from transformers import CONFIG_MAPPING
+
+    return set(CONFIG_MAPPING.keys())
+
+
+def missing_from_cache(name: str, what: str) -> HFConfigError:
+    return HFConfigError(
+        f"model_name {name!r}: its {what} is not in the local Hugging Face cache and nothing is "
+        f"downloaded at run time; run `hf download {name}` once with network access "
+        "(or set model_name to a directory written by save_pretrained)"
+    )
+
+
+def pretrained_config(name: str) -> Any:
+    """The config of a cached or saved model, checked to be a decoder."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError):
+        raise missing_from_cache(name, "config") from None
+    check_decoder(config, f"model_name {name!r}")
+    return config
+
+
+def load_decoder(name: str) -> nn.Module:
+    """A pretrained decoder from the local cache or a save_pretrained directory."""
+    from transformers import AutoModelForCausalLM
+
+    pretrained_config(name)
+    try:
+        return AutoModelForCausalLM.from_pretrained(  # type: ignore[no-any-return]
+            name, local_files_only=True, attn_implementation="sdpa"
+        )
+    except OSError:
+        raise missing_from_cache(name, "weights") from None
+
+
+def load_tokenizer(name: str) -> Any:
+    """The tokenizer saved with a model (a pretrained model is useless without its own)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        raise missing_from_cache(name, "tokenizer") from None

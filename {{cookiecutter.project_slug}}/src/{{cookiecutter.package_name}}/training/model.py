@@ -1,0 +1,63 @@
+"""The model a run trains: the task's model, seeded, adapted, and cast, the same way for
+training, evaluation and export."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import nn
+
+from .. import hf
+from ..core import Precision, ops
+from ..core.layers import enable_scan
+from ..tasks import Task
+from .config import ConfigError, TrainConfig
+
+
+def build_model(task: Task, config: TrainConfig, model: nn.Module | None = None) -> nn.Module:
+    """The task's model (or `model`) as this config trains it, still on the host.
+
+    Seeded first, so a run, its evaluation and its export build the same initial weights
+    (a LoRA checkpoint holds only the adapters: the rest comes from here). Hugging Face
+    models get what XLA needs (`hf.prepare`), then LoRA adapters if `[lora]` asks, then
+    scanned blocks, then the precision's parameter dtype.
+    """
+    ops.seed_host(config.seed)  # the model's initial weights depend on it
+    model = model if model is not None else task.build_model()
+    hf.prepare(model)
+    if config.lora:
+        from ..hf.lora import LoraSettings, apply_lora
+
+        model = apply_lora(model, LoraSettings.from_dict(config.lora), config.precision)
+    if config.scan_layers:  # checkpointing, if asked for, happens inside the scan
+        if hf.is_hf_model(model):
+            raise ConfigError(
+                "scan_layers needs blocks that map hidden states to hidden states in a "
+                "BlockStack; a Hugging Face decoder runs its own layer loop (masks, rotary "
+                "embeddings): set scan_layers = false"
+            )
+        enable_scan(model, remat=config.activation_checkpointing)
+    Precision.from_name(config.precision).convert_module(model)
+    return model
+
+
+def unscanned(config: TrainConfig) -> TrainConfig:
+    """The config with scan_layers off: checkpoints hold per-block names, so a scanned
+    run's weights load into the unrolled model any strategy can run."""
+    return dataclasses.replace(config, scan_layers=False)
+
+
+def describe_parameters(model: nn.Module) -> str:
+    """One line for the start-of-run report: trainable against total parameters."""
+    seen: dict[int, nn.Parameter] = {id(p): p for p in model.parameters()}
+    total = sum(p.numel() for p in seen.values())
+    trainable = sum(p.numel() for p in seen.values() if p.requires_grad)
+    share = 100.0 * trainable / max(total, 1)
+    return f"parameters: {_count(trainable)} trainable of {_count(total)} ({share:.2f}%)"
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
