@@ -12,6 +12,7 @@ is a traced graph too: `static_masks()` makes transformers' mask code say so.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ _PATCHED = "_xla_static_masks"
 
 
 def _xla_aware(is_tracing: Callable[..., bool]) -> Callable[..., bool]:
+    @functools.wraps(is_tracing)  # keeps transformers' own check as __wrapped__
     def traced(tensor: Any = None) -> bool:
         if isinstance(tensor, torch.Tensor) and tensor.device.type == "xla":
             return True

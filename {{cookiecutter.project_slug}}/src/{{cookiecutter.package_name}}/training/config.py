@@ -114,6 +114,14 @@ class TrainConfig:
             )
         if self.data and not self.data.startswith("hf:") and not Path(self.data).exists():
             raise ConfigError(f"data path {self.data!r} does not exist")
+        if self.lora:
+            from ..hf import HFConfigError
+            from ..hf.lora import LoraSettings
+
+            try:
+                LoraSettings.from_dict(self.lora).check_precision(self.precision)
+            except HFConfigError as error:
+                raise ConfigError(str(error)) from None
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from .config import ConfigError, TrainConfig
 from .data import training_data
 from .diagnostics import Diagnostics
 from .evaluation import Evaluator
-from .model import build_model, describe_parameters
+from .model import build_model, describe_parameters, parameter_counts
 from .optim import build_optimizer, build_scheduler
 from .reporting import Reporter
 from .state import Progress
@@ -118,7 +118,8 @@ def fit(
     state_bytes = memory.state_memory(model, optimizer)
     reporter.line(f"{strategy.describe()}; global batch {global_batch}, {precision.name}")
     reporter.line(ties.describe())
-    reporter.line(describe_parameters(model))
+    parameters = parameter_counts(model)
+    reporter.line(describe_parameters(parameters))
     reporter.line(memory.describe(state_bytes, memory.device_peak_bytes(runtime.device())))
     if resume_from is not None:
         reporter.line(
@@ -229,6 +230,7 @@ def fit(
         "precision": precision.name,
         "global_batch": global_batch,
         "tied_parameters": ties.to_dict(),
+        "parameters": parameters,
         "compile_cache": ops.compile_cache_use(cache),
         "memory": {**state_bytes, "device_peak_bytes": memory.device_peak_bytes(runtime.device())},
         "run_dir": str(cfg.run_dir),

@@ -47,11 +47,18 @@ def unscanned(config: TrainConfig) -> TrainConfig:
     return dataclasses.replace(config, scan_layers=False)
 
 
-def describe_parameters(model: nn.Module) -> str:
+def parameter_counts(model: nn.Module) -> dict[str, int]:
+    """Trainable and total parameters (elements; a tied tensor counts once)."""
+    params = list(model.parameters())  # distinct tensors
+    return {
+        "trainable": sum(p.numel() for p in params if p.requires_grad),
+        "total": sum(p.numel() for p in params),
+    }
+
+
+def describe_parameters(counts: dict[str, int]) -> str:
     """One line for the start-of-run report: trainable against total parameters."""
-    seen: dict[int, nn.Parameter] = {id(p): p for p in model.parameters()}
-    total = sum(p.numel() for p in seen.values())
-    trainable = sum(p.numel() for p in seen.values() if p.requires_grad)
+    trainable, total = counts["trainable"], counts["total"]
     share = 100.0 * trainable / max(total, 1)
     return f"parameters: {_count(trainable)} trainable of {_count(total)} ({share:.2f}%)"
 
