@@ -45,6 +45,10 @@ class FullyShardedDataParallel(SpmdDataParallel):
         # FSDPv2's backward hooks see blocks whose inputs need no gradient; torch says so
         # once per block and run. The hooks still do their work.
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        # The hook on the whole model (an optimization barrier before the gradient sync)
+        # cannot fire on a model that returns an output object, as transformers models do;
+        # the blocks' own barriers, where the bulk of the gradients is, still do.
+        warnings.filterwarnings("ignore", message="For backward hooks to be called")
         report = tying.move_and_retie(model, runtime.device())
         policy = None
         if block_class is not None and blocks_of(model, block_class):
