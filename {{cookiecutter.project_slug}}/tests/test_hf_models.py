@@ -140,6 +140,41 @@ def test_mask_checks_read_the_device_without_the_fix(xla_device: Any) -> None:
     assert plain is None and torch.equal(fixed.cpu(), torch.zeros(2, 8, dtype=fixed.dtype))
 
 
+@pytest.mark.slow
+def test_doc_hugging_face_task_trains_under_fsdp_with_lora(tmp_path: Path) -> None:
+    """It trains docs/your-model.md's own transformers task: fsdp x8, LoRA, one graph."""
+    import re
+    import shutil
+    import subprocess
+
+    from training_helpers import cli_env
+
+    project = Path(__file__).resolve().parents[1]
+    doc = (project / "docs" / "your-model.md").read_text().split("## 8. A Hugging Face model")[1]
+    (snippet,) = re.findall(r"```python\n(.*?)```", doc, flags=re.S)[:1]
+    shutil.copytree(project / "src", tmp_path / "src")
+    package = "{{ cookiecutter.package_name }}"
+    (tmp_path / "src" / package / "tasks" / "my_decoder.py").write_text(snippet)
+    command = [sys.executable, "-m", package, "train", "--set", "task=my-decoder",
+               "--accelerator", "cpu", "--devices", "8", "--strategy", "fsdp",
+               "--set", "lora.rank=8", "--batch-size", "2", "--max-steps", str(STEPS),
+               "--log-every", str(LOG_EVERY), "--run-dir", "run"]  # fmt: skip
+    env = {**cli_env(), "PYTHONPATH": str(tmp_path / "src")}
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["loop_compilations"] == 1 and summary["diagnosis"] == [], summary["diagnosis"]
+    assert summary["loop_transfers"] == STEPS // LOG_EVERY
+    assert summary["parameters"]["trainable"] < summary["parameters"]["total"] / 5
+    assert summary["tied_parameters"]["groups"] == [
+        ["base_model.model.model.embed_tokens.weight", "base_model.model.lm_head.weight"]
+    ]
+    memory = summary["memory"]
+    assert memory["param_bytes_per_device"] < memory["param_bytes_total"] / 4  # sharded
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     summary = guarded_fit(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))
