@@ -170,13 +170,17 @@ def compare_with_peft(base: str, merged: str, adapter: str) -> dict[str, Any]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokens = AutoTokenizer.from_pretrained(merged)("def main(argv):\n    return", return_tensors="pt")
+    tokens = AutoTokenizer.from_pretrained(merged)(
+        "def main(argv):\n    return", return_tensors="pt"
+    )
     logits = {}
     with torch.no_grad():
         for name, folder in (("base", base), ("merged", merged)):
             model = AutoModelForCausalLM.from_pretrained(folder).eval()
             logits[name] = model(**tokens).logits
-        with_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter)
+        with_adapter = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(base), adapter
+        )
         logits["adapter"] = with_adapter.eval()(**tokens).logits
     return {
         "adapter_vs_merged": float((logits["adapter"] - logits["merged"]).abs().max()),

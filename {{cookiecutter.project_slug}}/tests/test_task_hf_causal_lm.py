@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_helpers import TINY, cache_tiny_pretrained, first_batch, save_tiny_pretrained
 
 from {{ cookiecutter.package_name }}.core import find_shared_parameters, move_to_device
 from {{ cookiecutter.package_name }}.hf import HFConfigError, block_class
 from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
+
+from hf_helpers import TINY, cache_tiny_pretrained, first_batch, save_tiny_pretrained
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -102,7 +103,10 @@ BAD_OPTIONS = {
         {"architecture": "llamma"},
         r"^unknown architecture 'llamma': transformers knows no such model type",
     ),
-    "encoder": ({"architecture": "bert"}, r"^architecture 'bert' is a 'bert' encoder \(masked LM\)"),
+    "encoder": (
+        {"architecture": "bert"},
+        r"^architecture 'bert' is a 'bert' encoder \(masked LM\)",
+    ),
     "encoder-decoder": (
         {"architecture": "t5"},
         r"^architecture 't5' is a 't5' encoder-decoder model",

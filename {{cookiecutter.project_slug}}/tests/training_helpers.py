@@ -23,8 +23,14 @@ TINY: dict[str, Any] = {
     "batch_size": 8,
     "eval_batch_size": 16,
     # A Llama with tied embeddings: the trap of untied weights stays under test.
-    "task_options": {"seq_len": 16, "dim": 32, "layers": 1, "heads": 2, "max_bytes": 40000,
-                     "tie_embeddings": True},  # fmt: skip
+    "task_options": {
+        "seq_len": 16,
+        "dim": 32,
+        "layers": 1,
+        "heads": 2,
+        "max_bytes": 40000,
+        "tie_embeddings": True,
+    },
 }
 {%- else -%}
 TINY: dict[str, Any] = {
