@@ -17,7 +17,7 @@ from .config import ConfigError, TrainConfig
 from .data import training_data
 from .diagnostics import Diagnostics
 from .evaluation import Evaluator
-from .model import build_model, describe_parameters, parameter_counts
+from .model import build_model, describe_parameters, parameter_counts, sharding_rules
 from .optim import build_optimizer, build_scheduler
 from .reporting import Reporter
 from .state import Progress
@@ -78,7 +78,8 @@ def fit(
     ops.set_rng_state(cfg.seed)
     blocks = block_class(task, model)
     checkpointed = cfg.activation_checkpointing and not cfg.scan_layers
-    model, ties = strategy.setup_model(model, blocks, checkpointed)
+    rules = sharding_rules(task, model, cfg, strategy)
+    model, ties = strategy.setup_model(model, blocks, checkpointed, rules)
     optimizer = build_optimizer(model, cfg, task)  # after the move: it holds device tensors
     ops.prime_optimizer_state(optimizer)
     strategy.place_optimizer_state(optimizer)
