@@ -322,11 +322,11 @@ def test_pod_sync_copies_and_installs_the_project_on_every_worker(
     ran = make("pod-sync")
     succeeded(ran)
     assert f"pod: {WORKERS}/{WORKERS} workers succeeded" in ran.stderr
-    source = project / "src" / PACKAGE / "pod.py"
+    source = project / "src" / PACKAGE / "pod" / "fanout.py"
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     for worker in pod.workers:
         copy = worker.home / SLUG
-        assert (copy / "src" / PACKAGE / "pod.py").read_bytes() == source.read_bytes()
+        assert (copy / "src" / PACKAGE / "pod" / "fanout.py").read_bytes() == source.read_bytes()
         assert (copy / "configs" / "rehearsal.yaml").is_file()
         installed = worker.path(f"{VENV}/lib/{version}/site-packages")
         assert list(installed.glob(f"{PACKAGE.replace('_', '?')}-0.1.0.dist-info")), list(

