@@ -1,10 +1,13 @@
-"""The pod launcher: one command on every worker of a TPU, through `gcloud compute tpus`.
+"""The pod launcher: one command on every worker of every slice of a TPU, through gcloud.
 
-- `target`: the TPU (name, zone, project, gcloud) and its worker count;
+- `target`: the TPU (name, zone, project, gcloud) and its workers' count and addresses;
+- `slices`: the node of each slice (NAME, or NAME-0 ... NAME-(N-1)) and every worker of
+  every slice;
 - `commands`: the shell lines the workers run, and the shell files shipped with them
   (`kill.sh` frees the TPU, `status.sh` reads the startup script's progress);
 - `fanout`: one ssh or scp per worker, all at once, output prefixed, fail-fast;
-- `launch` and `cli`: the `pod run|sync|train|kill|status` commands.
+- `launch` and `cli`: the `pod run|sync|train|kill|status|nodes` commands, and each
+  worker's environment (with several slices, the multislice variables of its slice).
 
 Nothing here imports torch_xla.
 """
@@ -39,7 +42,8 @@ from .fanout import (
     fan_out,
     run_on_workers,
 )
-from .target import PodError, Target, make_target, worker_count
+from .slices import Host, hosts, nodes, requested_slices
+from .target import PodError, Target, describe_workers, endpoints, make_target, worker_count
 
 __all__ = [
     "DEVICE_PATTERNS",
@@ -50,19 +54,25 @@ __all__ = [
     "LIBTPU_LOCKFILE",
     "NOT_FORWARDED",
     "STATUS_SCRIPT",
+    "Host",
     "Outcome",
     "PodError",
     "Target",
     "copy_to_workers",
+    "describe_workers",
     "docker_command",
+    "endpoints",
     "ensure_ssh_key",
     "fan_out",
     "forwarded_env",
+    "hosts",
     "install_command",
     "kill_command",
     "make_target",
+    "nodes",
     "parse_env_pairs",
     "remote_command",
+    "requested_slices",
     "run_on_workers",
     "shell_script",
     "snippet_command",

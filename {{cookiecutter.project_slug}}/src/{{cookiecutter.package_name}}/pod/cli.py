@@ -1,4 +1,5 @@
-"""The `pod` commands (run, sync, train, kill, status): the same command on every TPU worker."""
+"""The `pod` commands (run, sync, train, kill, status, nodes): one command on every worker of
+every slice of a TPU."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Annotated
 import typer
 
 from . import commands
-from .launch import Launch, environment, fail, launcher, legacy_launcher
+from .launch import Launch, fail, launcher, legacy_launcher
+from .slices import Host, nodes, requested_slices
+from .target import PodError, make_target
 
 pod_app = typer.Typer(
     no_args_is_help=True,
@@ -30,10 +33,16 @@ Zone = Annotated[str, typer.Option(help="Zone of the TPU.")]
 Project = Annotated[str, typer.Option(help="Google Cloud project (empty: gcloud's default).")]
 Gcloud = Annotated[str, typer.Option(envvar="GCLOUD", help="The gcloud command to use.")]
 Workers = Annotated[
-    int | None, typer.Option(help="Worker count (default: from describe, else the type).")
+    int | None,
+    typer.Option(help="Workers of each slice (default: from describe, else the type)."),
+]
+Slices = Annotated[
+    str,
+    typer.Option(help="Slices (make: SLICES): N > 1 reaches the nodes NAME-0 ... NAME-(N-1)."),
 ]
 AcceleratorType = Annotated[
-    str, typer.Option(help="Accelerator type, for the worker count when describe fails.")
+    str,
+    typer.Option(help="Accelerator type: the worker count when describe fails; checks --slices."),
 ]
 BatchSize = Annotated[int, typer.Option(help="ssh connections opened at a time.")]
 Envs = Annotated[
@@ -53,6 +62,7 @@ def run(
     gcloud: Gcloud = "gcloud",
     workers: Workers = None,
     accelerator_type: AcceleratorType = "",
+    slices: Slices = "1",
     batch_size: BatchSize = 64,
     env: Envs = None,
     dry_run: DryRun = False,
@@ -62,10 +72,13 @@ def run(
     if not command:
         fail("no command: pod run [OPTIONS] -- COMMAND")
     launcher()
-    launch = Launch(tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run)
-    env_vars = environment(env)
-    legacy_launcher(launch, ["bash", "-c", " ".join(command)], env_vars, "")
-    launch.finish(launch.run(commands.remote_command(" ".join(command), env_vars)))
+    launch = Launch(
+        tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run, slices
+    )
+    env_of = launch.environments(env)
+    legacy_launcher(launch, ["bash", "-c", " ".join(command)], env_of, "")
+    line = " ".join(command)
+    launch.finish(launch.run(lambda host: commands.remote_command(line, env_of(host))))
 
 
 @pod_app.command("sync")
@@ -76,6 +89,7 @@ def sync(
     gcloud: Gcloud = "gcloud",
     workers: Workers = None,
     accelerator_type: AcceleratorType = "",
+    slices: Slices = "1",
     batch_size: BatchSize = 64,
     dry_run: DryRun = False,
     remote_dir: RemoteDir = REMOTE_DIR,
@@ -88,7 +102,9 @@ def sync(
     sources = [name for name in SYNC_PATHS if Path(name).exists()]
     if "src" not in sources:
         fail("run pod sync from the project directory (no src/ here)")
-    launch = Launch(tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run)
+    launch = Launch(
+        tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run, slices
+    )
     prepared = launch.run(f"mkdir -p {shlex.quote(remote_dir)}")
     if prepared.exit_code:
         launch.finish(prepared)
@@ -110,6 +126,7 @@ def train(
     gcloud: Gcloud = "gcloud",
     workers: Workers = None,
     accelerator_type: AcceleratorType = "",
+    slices: Slices = "1",
     batch_size: BatchSize = 64,
     env: Envs = None,
     dry_run: DryRun = False,
@@ -131,15 +148,19 @@ def train(
     if accelerator not in ("tpu", "cpu"):
         fail(f"unknown accelerator {accelerator!r}: choose tpu or cpu")
     launcher()
-    launch = Launch(tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run)
-    env_vars = environment(env, accelerator)
+    launch = Launch(
+        tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run, slices
+    )
+    env_of = launch.environments(env, accelerator)
     cli_args = ["train", "--accelerator", accelerator, "--devices", devices, *(args or [])]
-    legacy_launcher(launch, [python, "-m", PACKAGE, *cli_args], env_vars, docker)
-    if docker:
-        command = commands.docker_command(docker, env_vars, cli_args)
-    else:
-        line = commands.train_command(PACKAGE, python, accelerator, devices, args or [])
-        command = commands.remote_command(line, env_vars, remote_dir)
+    legacy_launcher(launch, [python, "-m", PACKAGE, *cli_args], env_of, docker)
+    line = commands.train_command(PACKAGE, python, accelerator, devices, args or [])
+
+    def command(host: Host) -> str:
+        if docker:
+            return commands.docker_command(docker, env_of(host), cli_args)
+        return commands.remote_command(line, env_of(host), remote_dir)
+
     outcome = launch.run(command)
     if outcome.exit_code and cleanup and not dry_run:
         typer.echo("pod: freeing the TPU on every worker", err=True)
@@ -155,6 +176,7 @@ def kill(
     gcloud: Gcloud = "gcloud",
     workers: Workers = None,
     accelerator_type: AcceleratorType = "",
+    slices: Slices = "1",
     batch_size: BatchSize = 64,
     dry_run: DryRun = False,
     device: Annotated[
@@ -165,7 +187,9 @@ def kill(
     ),
 ) -> None:
     """Free the TPU on every worker: stop the holders of its device files, drop the lockfile."""
-    launch = Launch(tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run)
+    launch = Launch(
+        tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run, slices
+    )
     command = commands.kill_command(lockfile, device or commands.DEVICE_PATTERNS)
     launch.finish(launch.run(command, fail_fast=False))
 
@@ -178,16 +202,36 @@ def status(
     gcloud: Gcloud = "gcloud",
     workers: Workers = None,
     accelerator_type: AcceleratorType = "",
+    slices: Slices = "1",
     batch_size: BatchSize = 64,
     dry_run: DryRun = False,
     marker: Annotated[str, typer.Option(help="The startup script's completion marker.")] = MARKER,
     log: Annotated[str, typer.Option(help="The startup script's log.")] = STARTUP_LOG,
 ) -> None:
     """Tell which workers finished the startup script (exit 1 until all have)."""
-    launch = Launch(tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run)
+    launch = Launch(
+        tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run, slices
+    )
     outcome = launch.run(commands.status_command(marker, log), fail_fast=False)
     if dry_run:
         raise typer.Exit(0)
     ready = sum(1 for code in outcome.codes.values() if code == 0)
     typer.echo(f"pod: {ready}/{len(outcome.codes)} workers ready", err=True)
     raise typer.Exit(0 if ready == len(outcome.codes) else 1)
+
+
+@pod_app.command("nodes")
+def list_nodes(
+    tpu: Tpu = "",
+    zone: Zone = ZONE,
+    project: Project = PROJECT,
+    accelerator_type: AcceleratorType = "",
+    slices: Slices = "1",
+) -> None:
+    """Print the TPU node of each slice; refuse a slice count the accelerator type cannot form."""
+    try:
+        target = make_target(tpu, zone, project, "gcloud")
+        for node in nodes(target, requested_slices(slices, accelerator_type)):
+            typer.echo(node.name)
+    except PodError as error:
+        fail(str(error))

@@ -1,13 +1,12 @@
-"""Run one command on every worker at once through `gcloud compute tpus tpu-vm ssh`.
+"""Run one command on every worker of every slice at once, through `gcloud ... tpu-vm ssh`.
 
-One ssh (or scp) per worker (`--worker=I`), so every output line carries its worker and
-the first failing worker stops the others. Nothing here imports torch_xla.
+One ssh (or scp) per worker (`NODE --worker=I`), so every output line carries its worker
+and the first failing worker stops the others. Nothing here imports torch_xla.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import queue
 import signal
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from .slices import Host
 from .target import PodError, Target
 
 STOP_GRACE_SECONDS = 10.0
@@ -28,39 +28,44 @@ GCLOUD_SSH_KEY = Path("~/.ssh/google_compute_engine")
 
 
 def run_on_workers(
-    target: Target,
-    command: str,
-    workers: int,
+    hosts: Sequence[Host],
+    command: str | Callable[[Host], str],
     batch_size: int = 64,
     batch_delay: float = 1.0,
     fail_fast: bool = True,
     out: TextIO | None = None,
 ) -> Outcome:
-    """Run `command` on every worker at once; return each worker's exit code.
+    """Run `command` (the same, or each host's own) on every host at once.
 
     Connections open `batch_size` at a time, `batch_delay` seconds apart (ssh rate
     limits), and all stay open together: pod workers must run at the same time.
     """
-    argv = functools.partial(target.ssh, command=command)
-    return fan_out(target, argv, workers, batch_size, batch_delay, fail_fast, out)
+
+    def argv(host: Host) -> list[str]:
+        line = command if isinstance(command, str) else command(host)
+        return host.target.ssh(host.worker, line)
+
+    return fan_out(hosts, argv, batch_size, batch_delay, fail_fast, out)
 
 
 def copy_to_workers(
-    target: Target,
+    hosts: Sequence[Host],
     sources: Sequence[str],
     destination: str,
-    workers: int,
     batch_size: int = 64,
     out: TextIO | None = None,
 ) -> Outcome:
-    """Copy local paths to `destination` on every worker, one `scp --worker=I` each.
+    """Copy local paths to `destination` on every host, one `scp --worker=I` each.
 
     One copy per worker, as for commands: output and failures name their worker, and
     gcloud needs no ssh-agent (its `--worker=all` refuses to start when an agent runs
     without its key).
     """
-    argv = functools.partial(target.scp, sources=sources, destination=destination)
-    return fan_out(target, argv, workers, batch_size, 1.0, True, out)
+
+    def argv(host: Host) -> list[str]:
+        return host.target.scp(host.worker, sources, destination)
+
+    return fan_out(hosts, argv, batch_size, 1.0, True, out)
 
 
 def ensure_ssh_key(target: Target) -> None:
@@ -84,64 +89,64 @@ def ensure_ssh_key(target: Target) -> None:
 
 
 def fan_out(
-    target: Target,
-    argv: Callable[[int], list[str]],
-    workers: int,
+    hosts: Sequence[Host],
+    argv: Callable[[Host], list[str]],
     batch_size: int = 64,
     batch_delay: float = 1.0,
     fail_fast: bool = True,
     out: TextIO | None = None,
 ) -> Outcome:
-    """Run `argv(worker)` for every worker at once, prefixing each output line."""
-    if workers < 1 or batch_size < 1:
+    """Run `argv(host)` for every host at once, prefixing each output line with its label."""
+    if not hosts or batch_size < 1:
         raise PodError("--workers and --batch-size must be positive")
-    if workers > 1:
-        ensure_ssh_key(target)
+    if len(hosts) > 1:
+        ensure_ssh_key(hosts[0].target)
+    labels = tuple(host.label for host in hosts)
     stream = out or sys.stdout
     lock = threading.Lock()
     finished: queue.Queue[tuple[int, int]] = queue.Queue()
     procs: dict[int, subprocess.Popen[str]] = {}
     readers: list[threading.Thread] = []
 
-    def relay(worker: int, proc: subprocess.Popen[str]) -> None:
+    def relay(index: int, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             with lock:
-                stream.write(f"[worker {worker}] {line.rstrip()}\n")
+                stream.write(f"[{labels[index]}] {line.rstrip()}\n")
                 stream.flush()
 
-    def watch(worker: int, proc: subprocess.Popen[str]) -> None:
+    def watch(index: int, proc: subprocess.Popen[str]) -> None:
         # Apart from the output: a finished worker may leave a child holding its pipe.
-        finished.put((worker, proc.wait()))
+        finished.put((index, proc.wait()))
 
     codes: dict[int, int] = {}
     failed = False
     try:
-        for start in range(0, workers, batch_size):
+        for start in range(0, len(hosts), batch_size):
             if start and batch_delay:
                 time.sleep(batch_delay)
             failed = failed or _drain(finished, codes, fail_fast)
             if failed:
                 break
-            for worker in range(start, min(start + batch_size, workers)):
-                procs[worker] = proc = _spawn(argv(worker))
-                readers.append(threading.Thread(target=relay, args=(worker, proc), daemon=True))
+            for index in range(start, min(start + batch_size, len(hosts))):
+                procs[index] = proc = _spawn(argv(hosts[index]))
+                readers.append(threading.Thread(target=relay, args=(index, proc), daemon=True))
                 readers[-1].start()
-                threading.Thread(target=watch, args=(worker, proc), daemon=True).start()
+                threading.Thread(target=watch, args=(index, proc), daemon=True).start()
         while len(codes) < len(procs) and not failed:
-            worker, code = finished.get()
-            codes[worker] = code
+            index, code = finished.get()
+            codes[index] = code
             failed = fail_fast and code != 0
     finally:
-        running = [w for w in procs if w not in codes]
-        _stop({w: procs[w] for w in running})
-        for worker in running:
-            codes[worker] = procs[worker].wait()
+        running = [i for i in procs if i not in codes]
+        _stop({i: procs[i] for i in running})
+        for index in running:
+            codes[index] = procs[index].wait()
         for proc in procs.values():
             _signal_group(proc, signal.SIGKILL)  # leftovers of finished workers
         for reader in readers:
             reader.join(timeout=2)
-    return Outcome(codes, tuple(running) if failed else ())
+    return Outcome(codes, tuple(running) if failed else (), labels)
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen[str]:
@@ -191,10 +196,15 @@ def _signal_group(proc: subprocess.Popen[Any], sig: signal.Signals) -> None:
 
 @dataclass(frozen=True)
 class Outcome:
-    """Each worker's exit code in finishing order, and the workers stopped after a failure."""
+    """Each host's exit code in finishing order (by host index), and those stopped after a
+    failure; `labels` names the hosts (`worker 2`, `slice 1 worker 0`)."""
 
     codes: dict[int, int]
     stopped: tuple[int, ...] = ()
+    labels: tuple[str, ...] = ()
+
+    def _label(self, index: int) -> str:
+        return self.labels[index] if index < len(self.labels) else f"worker {index}"
 
     @property
     def exit_code(self) -> int:
@@ -206,7 +216,10 @@ class Outcome:
         failed = [(w, c) for w, c in self.codes.items() if c != 0 and w not in self.stopped]
         if not failed:
             return f"pod: {len(self.codes)}/{len(self.codes)} workers succeeded"
-        line = "pod: " + ", ".join(f"worker {w} failed with exit code {c}" for w, c in failed)
-        if self.stopped:
-            line += f"; stopped workers {', '.join(map(str, sorted(self.stopped)))}"
+        line = "pod: " + ", ".join(f"{self._label(w)} failed with exit code {c}" for w, c in failed)
+        stopped = [self._label(index) for index in sorted(self.stopped)]
+        if stopped and all(label.startswith("worker ") for label in stopped):
+            line += f"; stopped workers {', '.join(label[7:] for label in stopped)}"
+        elif stopped:
+            line += f"; stopped {', '.join(stopped)}"
         return line

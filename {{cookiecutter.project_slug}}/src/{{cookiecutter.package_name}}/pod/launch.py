@@ -1,17 +1,23 @@
-"""What every pod command shares: the target and its workers, validated once, and the launch."""
+"""What every pod command shares: the slices and their workers, validated once, and the launch."""
 
 from __future__ import annotations
 
 import os
 import shlex
 import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import NoReturn
 
 import typer
 
+from ..core.multislice import multislice_environment
 from ..core.runtime import RuntimeConfigError, topology
 from . import commands, fanout
-from .target import PodError, make_target, worker_count
+from .slices import Host, hosts, nodes, requested_slices
+from .target import PodError, describe_workers, endpoints, make_target
+
+Command = str | Callable[[Host], str]
 
 
 def fail(message: str) -> NoReturn:
@@ -21,7 +27,7 @@ def fail(message: str) -> NoReturn:
 
 
 class Launch:
-    """The settings every pod command shares, validated once."""
+    """The settings every pod command shares, validated once: every worker of every slice."""
 
     def __init__(
         self,
@@ -33,64 +39,98 @@ class Launch:
         accelerator_type: str,
         batch_size: int,
         dry_run: bool,
+        slices: str = "1",
     ) -> None:
         try:
             self.target = make_target(tpu, zone, project, gcloud)
+            self.slices = requested_slices(slices, accelerator_type)
         except PodError as error:
             fail(str(error))
         if (workers is not None and workers < 1) or batch_size < 1:
             fail("--workers and --batch-size must be positive")
         self.batch_size = batch_size
         self.dry_run = dry_run
-        self.workers = workers or self._count(accelerator_type)
+        self.nodes = nodes(self.target, self.slices)
+        # Each slice's worker addresses, from describe (none when it was not asked).
+        self.addresses: list[list[str]] = [[] for _ in self.nodes]
+        counts = [workers] * len(self.nodes) if workers else self._count(accelerator_type)
+        self.hosts = hosts(self.nodes, counts)
 
-    def _count(self, accelerator_type: str) -> int:
+    def _count(self, accelerator_type: str) -> list[int]:
+        """Each slice's workers: from describe (which also gives their addresses), else from
+        the accelerator type."""
         try:
             if self.dry_run:
                 if not accelerator_type:
                     raise PodError("--dry-run needs --workers N or --accelerator-type TYPE")
-                return topology(accelerator_type).hosts
-            return worker_count(self.target, accelerator_type)
+                return [topology(accelerator_type).hosts] * len(self.nodes)
+            with ThreadPoolExecutor(max_workers=min(len(self.nodes), 16)) as pool:
+                found = list(
+                    pool.map(lambda node: describe_workers(node, accelerator_type), self.nodes)
+                )
         except (PodError, RuntimeConfigError) as error:
             fail(str(error))
+        self.addresses = [addresses for _, addresses in found]
+        return [count for count, _ in found]
 
-    def run(self, command: str, fail_fast: bool = True) -> fanout.Outcome:
-        """Run a shell line on every worker (or print the ssh commands)."""
+    def coordinator(self) -> str:
+        """The address of worker 0 of slice 0, which coordinates the slices."""
+        first = self.nodes[0]
         if self.dry_run:
-            for worker in range(self.workers):
-                typer.echo(shlex.join(self.target.ssh(worker, command)))
-            return fanout.Outcome({w: 0 for w in range(self.workers)})
+            return f"<address of {first.name} worker 0>"
+        if not self.addresses[0]:
+            self.addresses[0], reason = endpoints(first)
+            if not self.addresses[0]:
+                fail(f"no address for worker 0 of slice 0 ({first.name!r}: {reason})")
+        return self.addresses[0][0]
+
+    def environments(
+        self, envs: list[str] | None, accelerator: str = "tpu"
+    ) -> Callable[[Host], dict[str, str]]:
+        """Each host's environment: local XLA/PJRT/TPU/LIBTPU settings < PJRT_DEVICE <
+        the multislice variables of its slice < --env pairs."""
         try:
-            return fanout.run_on_workers(
-                self.target, command, self.workers, self.batch_size, fail_fast=fail_fast
-            )
+            pairs = commands.parse_env_pairs(envs or [])
+        except PodError as error:
+            fail(str(error))
+        base = commands.forwarded_env(os.environ, accelerator)
+        if self.slices == 1:
+            return lambda host: {**base, **pairs}
+        address = self.coordinator()
+        per_slice = [multislice_environment(address, self.slices, s) for s in range(self.slices)]
+        return lambda host: {**base, **per_slice[host.slice], **pairs}
+
+    def run(self, command: Command, fail_fast: bool = True) -> fanout.Outcome:
+        """Run a shell line (or each host's own) on every worker (or print the ssh commands)."""
+        if self.dry_run:
+            for host in self.hosts:
+                line = command if isinstance(command, str) else command(host)
+                typer.echo(shlex.join(host.target.ssh(host.worker, line)))
+            return self._all_done()
+        try:
+            return fanout.run_on_workers(self.hosts, command, self.batch_size, fail_fast=fail_fast)
         except PodError as error:
             fail(str(error))
 
     def copy(self, sources: list[str], destination: str) -> fanout.Outcome:
         """Copy local paths to every worker (or print the scp commands)."""
         if self.dry_run:
-            for worker in range(self.workers):
-                typer.echo(shlex.join(self.target.scp(worker, sources, destination)))
-            return fanout.Outcome({w: 0 for w in range(self.workers)})
+            for host in self.hosts:
+                typer.echo(shlex.join(host.target.scp(host.worker, sources, destination)))
+            return self._all_done()
         try:
-            return fanout.copy_to_workers(
-                self.target, sources, destination, self.workers, self.batch_size
-            )
+            return fanout.copy_to_workers(self.hosts, sources, destination, self.batch_size)
         except PodError as error:
             fail(str(error))
+
+    def _all_done(self) -> fanout.Outcome:
+        labels = tuple(host.label for host in self.hosts)
+        return fanout.Outcome(dict.fromkeys(range(len(self.hosts)), 0), (), labels)
 
     def finish(self, outcome: fanout.Outcome) -> None:
         if not self.dry_run:
             typer.echo(outcome.summary(), err=True)
         raise typer.Exit(outcome.exit_code)
-
-
-def environment(envs: list[str] | None, accelerator: str = "tpu") -> dict[str, str]:
-    try:
-        return commands.forwarded_env(os.environ, accelerator, commands.parse_env_pairs(envs or []))
-    except PodError as error:
-        fail(str(error))
 
 
 def launcher() -> str:
@@ -111,11 +151,15 @@ def launcher() -> str:
     return choice
 
 
-def legacy_launcher(launch: Launch, command: list[str], env: dict[str, str], image: str) -> None:
+def legacy_launcher(
+    launch: Launch, command: list[str], env: Callable[[Host], dict[str, str]], image: str
+) -> None:
     """Hand the launch to xla_dist when POD_LAUNCHER=xla_dist (torch_xla <= 2.0 images)."""
     if launcher() == "gcloud":
         return
-    argv = commands.xla_dist_command(launch.target, command, env, image)
+    if launch.slices > 1:
+        fail("POD_LAUNCHER=xla_dist starts one slice: unset POD_LAUNCHER to launch several")
+    argv = commands.xla_dist_command(launch.target, command, env(launch.hosts[0]), image)
     if launch.dry_run:
         typer.echo(shlex.join(argv))
         raise typer.Exit(0)

@@ -52,34 +52,51 @@ def make_target(name: str | None, zone: str, project: str, gcloud: str) -> Targe
     return Target(name=name, zone=zone, project=project, gcloud=command)
 
 
-def worker_count(
-    target: Target,
-    accelerator_type: str = "",
-    describe: Callable[[list[str]], subprocess.CompletedProcess[str]] | None = None,
-) -> int:
-    """Workers of the TPU from `describe` (networkEndpoints), else from the accelerator type."""
-    run = describe or (
-        lambda argv: subprocess.run(argv, capture_output=True, text=True, check=False)
-    )
+Describe = Callable[[list[str]], subprocess.CompletedProcess[str]]
+
+
+def _describe(argv: list[str]) -> subprocess.CompletedProcess[str]:
     try:
-        result = run(target.describe())
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
     except OSError as error:
-        result = subprocess.CompletedProcess([], 127, "", str(error))
+        return subprocess.CompletedProcess(argv, 127, "", str(error))
+
+
+def endpoints(target: Target, describe: Describe | None = None) -> tuple[list[str], str]:
+    """The workers' addresses from `describe` (networkEndpoints), or none and the reason."""
+    result = (describe or _describe)(target.describe())
     if result.returncode == 0:
         try:
-            endpoints = json.loads(result.stdout).get("networkEndpoints", [])
+            found = json.loads(result.stdout).get("networkEndpoints", [])
+            addresses = [str(endpoint.get("ipAddress", "")) for endpoint in found]
         except (json.JSONDecodeError, AttributeError):
-            endpoints = []
-        if endpoints:
-            return len(endpoints)
+            addresses = []
+        if addresses:
+            return addresses, ""
+    lines = result.stderr.strip().splitlines()
+    return [], next((line for line in lines if line.startswith("ERROR")), "no networkEndpoints")
+
+
+def describe_workers(
+    target: Target, accelerator_type: str = "", describe: Describe | None = None
+) -> tuple[int, list[str]]:
+    """The TPU's worker count and addresses from `describe`, else the count its type gives."""
+    addresses, reason = endpoints(target, describe)
+    if addresses:
+        return len(addresses), addresses
     if accelerator_type:
         try:
-            return topology(accelerator_type).hosts
+            return topology(accelerator_type).hosts, []
         except RuntimeConfigError as error:
             raise PodError(str(error)) from None
-    lines = result.stderr.strip().splitlines()
-    reason = next((line for line in lines if line.startswith("ERROR")), "no networkEndpoints")
     raise PodError(
         f"unknown worker count for TPU {target.name!r} ({reason}): "
         "pass --workers N or --accelerator-type TYPE"
     )
+
+
+def worker_count(
+    target: Target, accelerator_type: str = "", describe: Describe | None = None
+) -> int:
+    """Workers of the TPU from `describe` (networkEndpoints), else from the accelerator type."""
+    return describe_workers(target, accelerator_type, describe)[0]
