@@ -12,7 +12,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from .core.runtime import RuntimeConfigError
-from .pod_cli import pod_app
+from .pod.cli import pod_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect the resolved configuration.")
