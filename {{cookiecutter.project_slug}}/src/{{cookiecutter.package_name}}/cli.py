@@ -1,4 +1,4 @@
-"""Command line: train, eval, profile, debug, doctor, pod, config show.
+"""Command line: train, eval, profile, debug, doctor, plan, pod, config show.
 
 Installed as `{{ cookiecutter.project_slug }}`; also `python -m {{ cookiecutter.package_name }}`.
 """
@@ -12,12 +12,14 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from .core.runtime import RuntimeConfigError
+from .planning.cli import plan
 from .pod.cli import pod_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect the resolved configuration.")
 app.add_typer(config_app, name="config")
 app.add_typer(pod_app, name="pod")
+app.command()(plan)
 
 ConfigFile = Annotated[
     Path | None, typer.Option("--config", "-c", help="TOML or YAML file of config keys.")

@@ -102,7 +102,9 @@ def parse_rules(items: Iterable[Any], source: str) -> list[Rule]:
             )
         pattern, spec = item
         if not isinstance(spec, Sequence) or isinstance(spec, str):
-            raise RuntimeConfigError(f"{source}: rule {pattern!r} needs a list of axes, one per dim")
+            raise RuntimeConfigError(
+                f"{source}: rule {pattern!r} needs a list of axes, one per dim"
+            )
         entries: list[Entry] = []
         for entry in spec:
             if entry in (None, "", "-", "none", "null"):
@@ -203,6 +205,23 @@ def _check_divides(name: str, shape: Sequence[int], spec: Spec, mesh: Mapping[st
                 f"tensor={mesh['tensor']} does not divide dimension {dim} ({shape[dim]}) of "
                 f"parameter {name!r}: choose a tensor size that divides it"
             )
+
+
+def state_spec(param_spec: Spec | None, param_shape: Sequence[int], shape: Sequence[int]) -> Spec:
+    """An optimizer state tensor's layout: its parameter's when shaped like it (a moment),
+    else whole (Adafactor's row and column factors, step counters)."""
+    if param_spec is not None and tuple(shape) == tuple(param_shape):
+        return param_spec
+    return (None,) * len(shape)
+
+
+def shard_shape(shape: Sequence[int], spec: Spec, mesh: Mapping[str, int]) -> tuple[int, ...]:
+    """The block of a tensor one device holds: each dimension divided by the sizes of the
+    axes that split it, rounded up (XLA pads the last shard)."""
+    return tuple(
+        -(-size // math.prod(mesh.get(axis, 1) for axis in _axes_of(entry)))
+        for size, entry in zip(shape, spec, strict=True)
+    )
 
 
 def spec_text(spec: Spec) -> str:

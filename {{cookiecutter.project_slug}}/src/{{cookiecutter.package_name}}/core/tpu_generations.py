@@ -2,9 +2,9 @@
 
 Per generation: chips per host, devices per chip, the slice sizes Cloud TPU offers,
 runtime versions and zones (the first of each is the default), the peak bf16
-FLOPs of one chip, and whether Cloud TPU joins several of its slices into one job over
-the data-center network (multislice). `docs/tpu-generations.md` shows the same table
-with its sources.
+FLOPs and the HBM of one chip, and whether Cloud TPU joins several of its slices into
+one job over the data-center network (multislice). `docs/tpu-generations.md` shows the
+same table with its sources.
 An accelerator type is GENERATION-SIZE; the size counts TensorCores, which is the
 chip count on generations with one TensorCore per chip (v5e, v6e).
 """
@@ -40,6 +40,7 @@ class Generation:
     runtime_versions: tuple[str, ...]
     zones: tuple[str, ...]
     peak_bf16_tflops_per_chip: float
+    hbm_gib_per_chip: float
     multislice: bool
     source: str
 
@@ -56,6 +57,7 @@ class Generation:
             runtime_versions=tuple(entry["runtime_versions"]),
             zones=tuple(entry["zones"]),
             peak_bf16_tflops_per_chip=float(entry["peak_bf16_tflops_per_chip"]),
+            hbm_gib_per_chip=float(entry["hbm_gib_per_chip"]),
             multislice=bool(entry["multislice"]),
             source=entry["source"],
         )
@@ -63,6 +65,11 @@ class Generation:
     @property
     def peak_bf16_flops_per_chip(self) -> float:
         return self.peak_bf16_tflops_per_chip * 1e12
+
+    @property
+    def hbm_bytes_per_device(self) -> int:
+        """HBM one XLA device holds: the chip's, shared by its devices on v2 and v3."""
+        return int(self.hbm_gib_per_chip * 2**30) // self.devices_per_chip
 
     def chips(self, size: int) -> int:
         """Chips in a slice of this size (the size counts TensorCores)."""
@@ -72,6 +79,10 @@ class Generation:
         """Hosts (TPU VM workers) of a slice: one up to `single_host_chips` chips."""
         chips = self.chips(size)
         return 1 if chips <= self.single_host_chips else chips // self.chips_per_host
+
+    def devices(self, size: int) -> int:
+        """XLA devices of the whole slice: chips x devices per chip."""
+        return self.chips(size) * self.devices_per_chip
 
     def devices_per_host(self, size: int) -> int:
         """XLA devices on each host: chips per host x devices per chip."""
@@ -90,6 +101,16 @@ def _listed(sizes: tuple[int, ...], most: int = 8) -> str:
     if len(sizes) <= most:
         return ", ".join(map(str, sizes))
     return f"{', '.join(map(str, sizes[: most - 1]))}, ... {sizes[-1]}"
+
+
+# Names people use for a generation besides the one in accelerator types.
+ALIASES = {"v5e": "v5litepod"}
+
+
+def canonical(accelerator_type: str) -> str:
+    """`v5e-8` as Cloud TPU names it, `v5litepod-8`; other types unchanged."""
+    key, sep, size = accelerator_type.strip().partition("-")
+    return f"{ALIASES.get(key, key)}{sep}{size}"
 
 
 def parse(accelerator_type: str) -> tuple[Generation, int]:

@@ -18,8 +18,9 @@ from torch import nn
 from ..core.sharding import Rule, Spec
 from . import HFConfigError, unwrap
 
+# [out or vocab, in]: the first dimension over tensor
 SPLIT_OUTPUT = {"colwise", "colwise_gather_output", "colwise_rep", "packed_colwise",
-                "embedding_rowwise"}  # fmt: skip  [out or vocab, in]: the first dim over tensor
+                "embedding_rowwise"}  # fmt: skip
 SPLIT_INPUT = {"rowwise", "rowwise_split_input", "packed_rowwise"}
 WEIGHTS: dict[str, Spec] = {"split_output": ("tensor", "fsdp"), "split_input": ("fsdp", "tensor")}
 BIASES: dict[str, Spec] = {"split_output": ("tensor",), "split_input": (None,)}

@@ -4,6 +4,7 @@ training, evaluation and export."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from torch import nn
 
@@ -55,11 +56,20 @@ def sharding_rules(
         )
     if not strategy.lays_out_parameters:
         return []
+    return mesh_rules(task, model, config, strategy.mesh_axes())
+
+
+def mesh_rules(
+    task: Task, model: nn.Module, config: TrainConfig, mesh: Mapping[str, int]
+) -> list[Rule]:
+    """The rules on a mesh of these axis sizes (what `plan` asks of meshes it only imagines);
+    the task's `check_mesh` and a Hugging Face model's head count may refuse the mesh."""
+    written = parse_rules(config.sharding_rules, "sharding_rules")
     rules = written + parse_rules(getattr(task, "sharding_rules", ()), f"task {task.name!r}")
     check = getattr(task, "check_mesh", None)
     if callable(check):
-        check(strategy.mesh_axes())
-    tensor = strategy.mesh_axes().get("tensor", 1)
+        check(dict(mesh))
+    tensor = mesh.get("tensor", 1)
     if tensor > 1 and hf.is_hf_model(model):
         from ..hf.tensor_parallel import tensor_parallel_rules
 

@@ -8,10 +8,10 @@ state sharded over a mesh). `auto` picks `single` for one device and `spmd` for 
 from __future__ import annotations
 
 from ..runtime import RuntimeConfigError
+from ..sharding import parse_mesh
 from .base import CPU_EMULATED_DEVICES, SingleDevice, Strategy, blocks_of
 from .ddp import DataParallelProcesses
 from .fsdp import FullyShardedDataParallel
-from ..sharding import parse_mesh
 from .spmd import SpmdDataParallel
 
 __all__ = [

@@ -24,6 +24,7 @@ from ..sharding import (
     mesh_devices,
     mesh_text,
     parse_mesh,
+    state_spec,
 )
 from .base import CPU_EMULATED_DEVICES, Strategy, blocks_of, checkpoint_blocks
 
@@ -226,8 +227,7 @@ class SpmdDataParallel(Strategy):
             for value in state.values():
                 if not (torch.is_tensor(value) and value.device.type == "xla" and value.dim()):
                     continue
-                same = spec is not None and value.shape == param.shape
-                xs.mark_sharding(value, self.mesh(), spec if same else (None,) * value.dim())
+                xs.mark_sharding(value, self.mesh(), state_spec(spec, param.shape, value.shape))
 
     # ---- collectives ------------------------------------------------------------------
     def processes(self) -> int:

@@ -1,0 +1,237 @@
+"""Per-device bytes of a run on a mesh, and the smallest slice of a generation it fits.
+
+Parameters, gradients and optimizer state are laid out as the run lays them out (the
+sharding rules, `core/sharding.py`; optimizer state like its parameter), each shard rounded
+up as XLA pads it: the same arithmetic `core/memory.py` applies to a live run's annotations.
+Activations come from `activations.py`, recorded at 2 and 3 samples per device and extended
+linearly (every activation is a per-sample tensor or a constant), so any batch costs no
+further forward pass. One sample is recorded as such: with a batch of one, some reshapes
+are views where larger batches copy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ..core import tpu_generations
+from ..core.sharding import BATCH_AXES, MeshShape, Spec, shard_shape, state_spec
+from ..core.tpu_generations import Generation
+from .activations import Recording, Saved, record
+from .workload import StateTensor, Workload
+
+
+class PlanError(ValueError):
+    """A plan that cannot be made; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A TPU slice: its generation, size, devices and the HBM of each device."""
+
+    type: str
+    generation: Generation
+    size: int
+
+    @classmethod
+    def parse(cls, text: str) -> Accelerator:
+        name = tpu_generations.canonical(text)
+        generation, size = tpu_generations.parse(name)  # UnknownAcceleratorType names the fix
+        return cls(name, generation, size)
+
+    @property
+    def devices(self) -> int:
+        return self.generation.devices(self.size)
+
+    @property
+    def hbm_bytes_per_device(self) -> int:
+        return self.generation.hbm_bytes_per_device
+
+
+@dataclass(frozen=True)
+class BatchSize:
+    """The batch as `train` takes it: per device (global = per device x devices), or global."""
+
+    per_device: int | None = None
+    global_batch: int | None = None
+
+    def of(self, devices: int) -> int:
+        return self.global_batch or (self.per_device or 1) * devices
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes on each device for one mesh (the fullest device: shards rounded up)."""
+
+    mesh: MeshShape
+    global_batch: int
+    samples_per_shard: int  # the samples each device works on: global / (data x fsdp)
+    parameters: int
+    gradients: int
+    optimizer: int
+    gathered: int  # fsdp: one block's weights gathered whole, and their gradients
+    activations: int
+    activations_checkpointed: int
+
+    def total(self, checkpointed: bool) -> int:
+        state = self.parameters + self.gradients + self.optimizer + self.gathered
+        return state + (self.activations_checkpointed if checkpointed else self.activations)
+
+
+def check_mesh(mesh: MeshShape, accelerator: Accelerator) -> None:
+    """Refuse a mesh that is not the slice's devices: every axis divides them, the axes
+    multiply to them."""
+    devices = accelerator.devices
+    for axis, size in mesh:
+        if devices % size:
+            raise PlanError(
+                f"mesh axis {axis}={size} does not divide the {devices} devices of "
+                f"{accelerator.type}: choose axis sizes that divide {devices}"
+            )
+    if math.prod(size for _, size in mesh) != devices:
+        text = ",".join(f"{axis}={size}" for axis, size in mesh)
+        raise PlanError(
+            f"mesh {text!r} has {math.prod(s for _, s in mesh)} devices but {accelerator.type} "
+            f"has {devices}: make the axis sizes multiply to {devices}"
+        )
+
+
+def check_batch(mesh: MeshShape, global_batch: int) -> int:
+    """The samples on each device: the batch split over the batch axes (data x fsdp)."""
+    shards = math.prod(size for axis, size in mesh if axis in BATCH_AXES)
+    if global_batch % shards:
+        raise PlanError(
+            f"a global batch of {global_batch} does not split into the {shards} batch shards "
+            "(data x fsdp) of the mesh: choose a batch that does"
+        )
+    return global_batch // shards
+
+
+class Planner:
+    """Estimates for one workload on any mesh; forward passes are recorded once per way the
+    tensor axis splits the model."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.state = workload.optimizer_state()
+        self.autocast = workload.config.precision == "bf16-mixed"
+        self._recordings: dict[tuple[frozenset[tuple[int, bool]], int], Recording] = {}
+
+    def estimate(self, mesh: MeshShape, global_batch: int) -> Estimate:
+        """Per-device bytes on `mesh` (RuntimeConfigError or ValueError: the mesh does not
+        suit the model; PlanError: the batch does not split over it)."""
+        axes = dict(mesh)
+        specs = self.workload.rules_layout(axes)
+        params = self.workload.parameters
+
+        def held(index: int, itemsize: int) -> int:  # bytes of parameter `index` per device
+            return math.prod(shard_shape(params[index].shape, specs[index], axes)) * itemsize
+
+        def state_held(state: StateTensor) -> int:  # laid out like its parameter, or whole
+            spec = state_spec(specs[state.parameter], params[state.parameter].shape, state.shape)
+            return math.prod(shard_shape(state.shape, spec, axes)) * state.itemsize
+
+        weights = [held(i, p.itemsize) for i, p in enumerate(params)]
+        optimizer = sum(map(state_held, self.state))
+        samples = check_batch(mesh, global_batch)
+        first, second = self._recorded(specs, samples)
+        tensor = axes.get("tensor", 1)
+
+        def at(one: Saved, two: Saved) -> int:
+            return _per_device(one, two, samples, tensor, held)
+
+        recomputed = (at(one, two) for one, two in zip(first.blocks, second.blocks, strict=True))
+        return Estimate(
+            mesh=mesh,
+            global_batch=global_batch,
+            samples_per_shard=samples,
+            parameters=sum(weights),
+            gradients=sum(w for w, p in zip(weights, params, strict=True) if p.trainable),
+            optimizer=optimizer,
+            gathered=self._gathered(specs, axes),
+            activations=at(first.kept, second.kept),
+            # Without repeated blocks there is nothing to recompute: checkpointing is refused.
+            activations_checkpointed=at(first.outside, second.outside)
+            + at(first.block_inputs, second.block_inputs)
+            + max(recomputed, default=0)
+            if first.blocks
+            else at(first.kept, second.kept),
+        )
+
+    def _recorded(self, specs: list[Spec], samples: int) -> tuple[Recording, Recording]:
+        """Two recordings to extend linearly to `samples` (the same one twice for one sample),
+        for the way these layouts split the model over the tensor axis."""
+        split = frozenset(
+            (i, "tensor" in _axes(spec[0]))
+            for i, spec in enumerate(specs)
+            if any("tensor" in _axes(entry) for entry in spec)
+        )
+        points = (1, 1) if samples == 1 else (2, 3)
+        for point in set(points):
+            if (split, point) not in self._recordings:
+                self._recordings[(split, point)] = record(
+                    self.workload, point, dict(split), self.autocast
+                )
+        return self._recordings[(split, points[0])], self._recordings[(split, points[1])]
+
+    def _gathered(self, specs: list[Spec], axes: Mapping[str, int]) -> int:
+        """FSDP gathers a block's weights whole over `fsdp` to use them, and its gradients
+        exist whole until they are reduce-scattered: the largest block (or parameter outside
+        the blocks) costs that much more while it runs."""
+        if axes.get("fsdp", 1) == 1:
+            return 0
+        whole = {**axes, "fsdp": 1}
+        params = self.workload.parameters
+        in_blocks = set().union(*self.workload.block_parameters)
+        units = [*self.workload.block_parameters,
+                 *({i} for i in range(len(params)) if i not in in_blocks)]  # fmt: skip
+
+        def cost(unit: set[int]) -> int:
+            return sum(
+                math.prod(shard_shape(params[i].shape, specs[i], whole))
+                * params[i].itemsize
+                * (2 if params[i].trainable else 1)
+                for i in unit
+            )
+
+        return max(map(cost, units), default=0)
+
+    def smallest(
+        self, generation: Generation, batch: BatchSize, checkpointed: bool, usable: float
+    ) -> tuple[str, Estimate] | None:
+        """The fewest devices of `generation` this run fits, and the layout that fits there:
+        fsdp over all of them, else the smallest tensor axis within a host that makes it fit
+        (a data axis only adds copies of the state, never saves memory)."""
+        for size in generation.slice_sizes:
+            devices = generation.devices(size)
+            per_host = generation.devices_per_host(size)
+            for tensor in (t for t in (1, 2, 4, 8) if t <= per_host and devices % t == 0):
+                mesh: MeshShape = (("fsdp", devices // tensor),)
+                mesh += (("tensor", tensor),) if tensor > 1 else ()
+                try:
+                    estimate = self.estimate(mesh, batch.of(devices))
+                except ValueError:  # the model or the batch does not split this way
+                    continue
+                if estimate.total(checkpointed) <= usable:
+                    return f"{generation.key}-{size}", estimate
+        return None
+
+
+def _axes(entry: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else entry
+
+
+def _per_device(
+    one: Saved, two: Saved, samples: int, tensor: int, held: Callable[[int, int], int]
+) -> int:
+    """Bytes per device at `samples` samples, from recordings of 2 and 3 samples (or, given
+    the same recording twice, from that one)."""
+    whole, split = one.whole, one.split
+    if two is not one:
+        whole += (two.whole - one.whole) * (samples - 2)
+        split += (two.split - one.split) * (samples - 2)
+    copies = sum(held(index, itemsize) for index, itemsize in one.copies)
+    return whole + -(-split // tensor) + copies

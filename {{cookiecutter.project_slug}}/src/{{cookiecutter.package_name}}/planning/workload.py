@@ -1,0 +1,167 @@
+"""What `plan` sizes: the model a run would train, built on the meta device, with the batch
+it would see, the loss it would run, its optimizer's state and its layout on any mesh.
+
+The model comes from the project's task (a config file and `--set`, as `train` takes them)
+or from a Hugging Face config alone (`--hf-config`: a model in the local cache, or a
+directory holding its `config.json`). Either way it is built on PyTorch's meta device:
+shapes and dtypes, no memory, nothing downloaded. `build_model` adds what a run adds: LoRA
+adapters, the precision's parameter dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..core import ops
+from ..core.sharding import Spec, layout
+from ..core.strategies.base import blocks_of
+from ..tasks import Task, block_class, load_task
+from ..training.config import TrainConfig
+from ..training.model import (
+    build_model,
+    describe_parameters,
+    mesh_rules,
+    parameter_counts,
+    unscanned,
+)
+from ..training.optim import build_optimizer
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One distinct parameter tensor: every name it has (tied weights have several)."""
+
+    names: tuple[str, ...]
+    shape: tuple[int, ...]
+    itemsize: int
+    trainable: bool
+
+
+@dataclass(frozen=True)
+class StateTensor:
+    """One tensor of optimizer state, and the parameter it belongs to."""
+
+    parameter: int  # index into Workload.parameters
+    shape: tuple[int, ...]
+    itemsize: int
+
+
+@dataclass
+class HFConfigTask:
+    """A Hugging Face config standing in for a task: its decoder, a next-token loss."""
+
+    hf_config: Any
+    seq_len: int
+    name: str = "hf-config"
+
+    def build_model(self) -> nn.Module:
+        from ..hf.models import build_decoder
+
+        return build_decoder(self.hf_config)
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        logits = model(input_ids=batch["x"]).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch["y"].flatten())
+
+
+class Workload:
+    """The model of a run on the meta device, and what the planner asks of it."""
+
+    def __init__(self, task: Task, config: TrainConfig, sample: Mapping[str, torch.Tensor]):
+        self.task, self.config = task, config
+        with torch.device("meta"):  # every tensor the build makes: shapes only
+            self.model = build_model(task, config)
+        self.sample = {key: value.to("meta") for key, value in sample.items()}
+        self.tensors: list[nn.Parameter] = []
+        names: dict[int, list[str]] = {}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            if id(param) not in names:
+                self.tensors.append(param)
+            names.setdefault(id(param), []).append(name)
+        self.parameters = [
+            Parameter(tuple(names[id(p)]), tuple(p.shape), p.element_size(), p.requires_grad)
+            for p in self.tensors
+        ]
+        index = {id(p): i for i, p in enumerate(self.tensors)}
+        self.blocks = blocks_of(self.model, block_class(task, self.model))
+        self.block_parameters = [{index[id(p)] for p in b.parameters()} for b in self.blocks]
+
+    def rules_layout(self, mesh: Mapping[str, int]) -> list[Spec]:
+        """Every parameter's layout on `mesh`, by the rules a run would use (errors name the
+        rule, parameter or head count that does not fit the mesh)."""
+        rules = mesh_rules(self.task, self.model, self.config, mesh)
+        keys = {i: list(p.names) for i, p in enumerate(self.parameters)}
+        shapes = {i: p.shape for i, p in enumerate(self.parameters)}
+        specs = layout(keys, shapes, rules, mesh)
+        return [specs[i] for i in range(len(self.parameters))]
+
+    def batch(self, samples: int) -> Batch:
+        """A batch of `samples` samples shaped like the task's, on the meta device."""
+        return {
+            key: torch.empty((samples, *value.shape), dtype=value.dtype, device="meta")
+            for key, value in self.sample.items()
+        }
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        return self.task.loss(self.model, batch)
+
+    def optimizer_state(self) -> list[StateTensor]:
+        """The state the run's optimizer keeps, created as the run creates it (one dry step),
+        on the meta device."""
+        optimizer = build_optimizer(self.model, self.config, self.task)
+        ops.prime_optimizer_state(optimizer)
+        index = {id(p): i for i, p in enumerate(self.tensors)}
+        state = [
+            StateTensor(index[id(param)], tuple(value.shape), value.element_size())
+            for param, entries in optimizer.state.items()
+            for value in entries.values()
+            # The run counts device tensors only: AdamW's step counters live on the host.
+            if torch.is_tensor(value) and value.device.type == "meta"
+        ]
+        for param in self.tensors:
+            param.grad = None
+        return state
+
+    def describe(self) -> str:
+        """`parameters: 8.03B trainable of 8.03B (100.00%)`, as a run reports it."""
+        return describe_parameters(parameter_counts(self.model))
+
+
+def from_task(config: TrainConfig) -> Workload:
+    """The project's task as `train` would build it (its data read for one sample's shape;
+    an `hf:` dataset is not fetched: the example tasks' models do not depend on it)."""
+    data = "" if config.data.startswith("hf:") else config.data
+    task = load_task(config.task, data, config.task_options)
+    dataset: Any = task.train_dataset()
+    sample = dataset[0] if hasattr(dataset, "__getitem__") else next(iter(dataset))
+    return Workload(task, _plannable(config), sample)
+
+
+def from_hf_config(name: str, config: TrainConfig, seq_len: int) -> Workload:
+    """A decoder built from a Hugging Face config (the local cache, or a directory)."""
+    try:
+        from ..hf.models import pretrained_config
+
+        hf_config = pretrained_config(name)
+    except ImportError:
+        raise ValueError("--hf-config needs transformers: pip install -e '.[hf]'") from None
+    tokens = torch.zeros(seq_len, dtype=torch.long, device="meta")
+    sample = {"x": tokens, "y": tokens}
+    # Only its model and its loss are asked of a task here: the config stands in for one.
+    task = cast(Task, HFConfigTask(hf_config, seq_len, name=name))
+    return Workload(task, _plannable(config), sample)
+
+
+def _plannable(config: TrainConfig) -> TrainConfig:
+    # A scanned run holds the same parameters; its blocks run through torch_xla's scan,
+    # which the meta device cannot: the unrolled model stands in for it.
+    return dataclasses.replace(unscanned(config), activation_checkpointing=False)

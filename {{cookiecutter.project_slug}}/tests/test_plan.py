@@ -1,0 +1,356 @@
+"""`plan` sizes a run before a TPU is rented: the bytes a real run measures, the activations
+autograd keeps, the smallest slice that fits, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from typer.testing import CliRunner
+
+from {{ cookiecutter.package_name }}.cli import app
+from {{ cookiecutter.package_name }}.core import tpu_generations
+from {{ cookiecutter.package_name }}.core.sharding import Rule
+from {{ cookiecutter.package_name }}.planning.activations import record
+from {{ cookiecutter.package_name }}.planning.estimate import BatchSize, Planner
+from {{ cookiecutter.package_name }}.planning.workload import Workload, from_task
+from {{ cookiecutter.package_name }}.training.config import build_config
+
+from training_helpers import TINY, cli, write_config
+
+runner = CliRunner()
+{% if cookiecutter.example_task == "vision" %}
+# The vision example has no tensor-parallel rules: its meshes split the batch and the state.
+MEASURED_MESHES = ["fsdp=8", "data=2,fsdp=4"]
+{%- else %}
+MEASURED_MESHES = ["fsdp=8", "fsdp=4,tensor=2", "data=2,fsdp=2,tensor=2"]
+{%- endif %}
+
+
+def plan(*args: str) -> dict[str, Any]:
+    """`plan --json` in a fresh process, as a user runs it."""
+    return dict(json.loads(cli_json("plan", *args)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", MEASURED_MESHES)
+def test_plan_gives_the_bytes_per_device_a_run_measures(tmp_path: Path, mesh: str) -> None:
+    """It estimates the parameter and AdamW bytes per device an 8-device run reports, exactly."""
+    config = write_config(tmp_path, max_steps=1)
+    run_dir = tmp_path / "run"
+    trained = cli(
+        "train", "--config", str(config), "--devices", "8", "--strategy", "fsdp",
+        "--mesh", mesh, "--run-dir", str(run_dir),
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    measured = json.loads((run_dir / "summary.json").read_text())["memory"]
+
+    planned = plan("--config", str(config), "--mesh", mesh)["per_device"]
+
+    assert planned["param_bytes"] == measured["param_bytes_per_device"]
+    assert planned["optimizer_bytes"] == measured["optimizer_bytes_per_device"]
+
+
+def test_plan_runs_without_starting_torch_xla(tmp_path: Path) -> None:
+    """It plans in a fresh process without importing torch_xla, and its parts add up."""
+    config = write_config(tmp_path)
+    code = (
+        "import json, sys\n"
+        "from typer.testing import CliRunner\n"
+        "from {{ cookiecutter.package_name }}.cli import app\n"
+        f"args = ['plan', '--config', {str(config)!r}, '--accelerator-type', 'v5e-8', '--json']\n"
+        "result = CliRunner().invoke(app, args)\n"
+        "print(json.dumps({'exit': result.exit_code, 'output': result.output,\n"
+        "                  'torch_xla': 'torch_xla' in sys.modules}))\n"
+    )
+    done = cli_python(code)
+    assert done["exit"] == 0, done["output"]
+    assert not done["torch_xla"]
+    report = json.loads(done["output"])
+    part = report["per_device"]
+    assert report["mesh"] == "fsdp=8" and report["devices"] == 8
+    assert report["global_batch"] == 8 * TINY["batch_size"]
+    state = part["param_bytes"] + part["gradient_bytes"] + part["optimizer_bytes"]
+    assert part["total_bytes"] == state + part["gathered_bytes"] + part["activation_bytes"]
+    assert report["usable_bytes_per_device"] == int(16 * 2**30 * 0.9)  # v5e: 16 GiB per chip
+    assert report["fits"] == {"without_checkpointing": True, "with_checkpointing": True}
+
+
+def cli_python(code: str) -> dict[str, Any]:
+    """Run `code` in a fresh interpreter and read the JSON it prints last."""
+    import subprocess
+
+    from training_helpers import cli_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+class MegatronMlp(nn.Module):
+    """A column-split layer, then a row-split one: one all-reduce, as in Megatron-LM."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, 4 * dim)
+        self.down = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Stack(nn.Module):
+    """`layers` blocks of Linear + tanh, so each block saves its input and its output."""
+
+    def __init__(self, dim: int, layers: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(TanhBlock(dim) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class TanhBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x))
+
+
+@dataclass
+class ToyTask:
+    """Just what a planner asks of a task: a model, a loss, a name, optional rules and blocks."""
+
+    make: Callable[[], nn.Module]
+    name: str = "toy"
+    sharding_rules: tuple[Rule, ...] = ()
+    block_class: type[nn.Module] | None = None
+
+    def build_model(self) -> nn.Module:
+        return self.make()
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(batch["x"]).square().mean()
+
+
+MEGATRON_RULES = (
+    Rule("up.weight", ("tensor", None)),
+    Rule("up.bias", ("tensor",)),
+    Rule("down.weight", (None, "tensor")),
+)
+
+
+def toy_workload(task: ToyTask, dim: int, **config: Any) -> Workload:
+    sample = {"x": torch.zeros(dim)}
+    return Workload(task, build_config(None, config), sample)  # type: ignore[arg-type]
+
+
+def test_tensor_axis_splits_what_column_split_layers_produce() -> None:
+    """It splits the saved tensors between a colwise and a rowwise layer over `tensor`."""
+    dim, samples = 8, 4
+    planner = Planner(toy_workload(ToyTask(lambda: MegatronMlp(dim), sharding_rules=MEGATRON_RULES), dim))
+
+    estimate = planner.estimate((("tensor", 2),), global_batch=samples)
+
+    fp32 = 4
+    whole = samples * dim * fp32 * 2  # up's input, and down's output (the loss squares it)
+    split = samples * 4 * dim * fp32 * 2  # gelu's input, down's input: half on each device
+    assert estimate.activations == whole + split // 2
+    assert planner.estimate((("fsdp", 1),), global_batch=samples).activations == whole + split
+
+
+def test_bf16_mixed_saves_bf16_copies_as_xla_autocast_makes_them() -> None:
+    """It records bf16 matmul inputs, and bf16 weight copies laid out like their weights."""
+    dim, samples = 8, 4
+    task = ToyTask(lambda: MegatronMlp(dim), sharding_rules=MEGATRON_RULES)
+    planner = Planner(toy_workload(task, dim, precision="bf16-mixed"))
+
+    estimate = planner.estimate((("tensor", 2),), global_batch=samples)
+
+    bf16 = 2
+    whole = samples * dim * bf16 * 2  # up's bf16 input, down's bf16 output
+    split = samples * 4 * dim * bf16 * 2  # gelu's and down's bf16 inputs
+    # down's bf16 weight, half on each device; up's is not kept: its input, the batch, needs
+    # no gradient
+    weights = 4 * dim * dim * bf16 // 2
+    assert estimate.activations == whole + split // 2 + weights
+
+
+def test_checkpointing_keeps_block_inputs_and_one_recomputed_block() -> None:
+    """It counts, under activation checkpointing, the blocks' inputs, what is saved after
+    them, and one block's recomputed tensors; without it, everything saved once."""
+    dim, samples, layers = 8, 4, 5
+    task = ToyTask(lambda: Stack(dim, layers), block_class=TanhBlock)
+    planner = Planner(toy_workload(task, dim))
+
+    estimate = planner.estimate((("fsdp", 1),), global_batch=samples)
+
+    one = samples * dim * 4  # one [samples, dim] fp32 activation
+    assert estimate.activations == (layers + 1) * one  # every block's input, the last output
+    # layers inputs kept; the last output, saved by the loss; the last block's, recomputed
+    assert estimate.activations_checkpointed == (layers + 2) * one
+
+
+@pytest.mark.parametrize("samples", [1, 5])
+def test_activations_grow_linearly_with_the_batch(samples: int) -> None:
+    """It extends activations recorded at 2 and 3 samples to any batch, as a forward would."""
+    options = {key: value for key, value in TINY.items() if key != "eval_batch_size"}
+    workload = from_task(build_config(None, options))
+    planner = Planner(workload)
+
+    estimate = planner.estimate((("fsdp", 1),), global_batch=samples)
+
+    recorded = record(workload, samples, {}, autocast=False).kept
+    assert estimate.activations == recorded.whole + recorded.split
+
+
+def test_smallest_slice_is_the_fewest_devices_that_fit() -> None:
+    """It names the smallest slice whose devices hold the run, and no smaller one does."""
+    dim = 64
+    task = ToyTask(lambda: MegatronMlp(dim), sharding_rules=MEGATRON_RULES)
+    planner = Planner(toy_workload(task, dim))
+    generation = tpu_generations.generations()["v5litepod"]
+    batch = BatchSize(per_device=2)
+    usable = planner.estimate((("fsdp", 1),), batch.of(1)).total(False) // 3
+
+    found = planner.smallest(generation, batch, False, usable)
+
+    assert found is not None
+    accelerator, estimate = found
+    assert estimate.total(False) <= usable
+    size = int(accelerator.split("-")[1])
+    assert size > 1
+    smaller = [s for s in generation.slice_sizes if s < size]
+    for devices in map(generation.devices, smaller):
+        for tensor in (t for t in (1, 2, 4, 8) if devices % t == 0):
+            mesh = (("fsdp", devices // tensor), ("tensor", tensor))
+            assert planner.estimate(mesh, batch.of(devices)).total(False) > usable, mesh
+
+
+def test_plan_prints_a_table_and_a_verdict(tmp_path: Path) -> None:
+    """It prints every part per device, the device's memory, the verdict and the smallest slice."""
+    config = write_config(tmp_path)
+    done = cli("plan", "--config", str(config), "--accelerator-type", "v5p-8", "--batch-size", "2")
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    for row in ("parameters", "gradients", "optimizer state", "activations", "total", "verdict"):
+        assert f"\n{row} " in done.stdout, row
+    assert "v5p-8: 4 devices of 95.0 GiB HBM; mesh fsdp=4" in done.stdout
+    assert "smallest v5p slice that fits (no checkpointing): v5p-8" in done.stdout
+
+{%- if cookiecutter.example_task == "lm" %}
+MODEL_MESH_ERRORS = {
+    "tensor-vs-heads": (["--mesh", "fsdp=2,tensor=4"], "does not divide the model's 2 attention heads"),
+    "tensor-vs-parameter": (
+        ["--mesh", "fsdp=4,tensor=2", "--set", 'sharding_rules=[["position", ["tensor", "-", "-"]]]'],
+        "does not divide dimension 0 (1) of parameter 'position'",
+    ),
+    "unknown-axis-in-rule": (
+        ["--set", 'sharding_rules=[["embed.weight", ["model", "-"]]]'],
+        "names unknown mesh axis 'model'",
+    ),
+}
+{%- elif cookiecutter.example_task == "hf-causal-lm" %}
+MODEL_MESH_ERRORS = {
+    "tensor-vs-heads": (["--mesh", "fsdp=2,tensor=4"], "does not divide the model's 2 heads"),
+    "tensor-vs-parameter": (
+        ["--mesh", "fsdp=4,tensor=2", "--set", "task_options.mlp_dim=33"],
+        "does not divide dimension 0 (33) of parameter 'model.layers.0.mlp.gate_proj.weight'",
+    ),
+    "unknown-axis-in-rule": (
+        ["--set", 'sharding_rules=[["lm_head.weight", ["model", "-"]]]'],
+        "names unknown mesh axis 'model'",
+    ),
+}
+{%- else %}
+MODEL_MESH_ERRORS = {
+    "tensor-without-rules": (["--mesh", "fsdp=4,tensor=2"], "no rule splits a parameter over it"),
+    "tensor-vs-parameter": (
+        ["--mesh", "fsdp=2,tensor=4", "--set", 'sharding_rules=[["classifier.1.weight", ["tensor", "-"]]]'],
+        "does not divide dimension 0 (10) of parameter 'classifier.1.weight'",
+    ),
+    "unknown-axis-in-rule": (
+        ["--set", 'sharding_rules=[["classifier.1.weight", ["model", "-"]]]'],
+        "names unknown mesh axis 'model'",
+    ),
+}
+{%- endif %}
+
+
+@pytest.mark.parametrize("args,message", MODEL_MESH_ERRORS.values(), ids=MODEL_MESH_ERRORS.keys())
+def test_plan_refuses_a_mesh_the_model_cannot_take(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    """It names the heads, the parameter or the rule that does not fit the mesh, in one line."""
+    config = write_config(tmp_path)
+    done = cli("plan", "--config", str(config), "--accelerator-type", "v5e-8", *args)
+    assert done.returncode == 2, done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert message in lines[0]
+
+
+BAD_REQUESTS = {
+    "axis-does-not-divide": (["--mesh", "fsdp=3"], "mesh axis fsdp=3 does not divide the 8 devices"),
+    "mesh-too-small": (["--mesh", "fsdp=4"], "mesh 'fsdp=4' has 4 devices but v5litepod-8 has 8"),
+    "unknown-mesh-axis": (["--mesh", "model=8"], "unknown mesh axis 'model'"),
+    "unknown-accelerator": (["--accelerator-type", "v9-8"], "unknown accelerator type 'v9-8'"),
+    "bad-slice-size": (["--accelerator-type", "v5p-6"], "is not a v5p slice"),
+    "missing-config": (["--config", "/no/such.toml"], "config file '/no/such.toml' does not exist"),
+    "batch-does-not-split": (["--global-batch", "12"], "global batch of 12 does not split into"),
+    "legacy-precision": (["--precision", "bf16-env"], "plan it as --precision bf16-true"),
+    "both-batches": (["--batch-size", "2", "--global-batch", "16"], "not both"),
+    "hf-config-without-seq-len": (["--hf-config", "any"], "--hf-config needs --seq-len"),
+}
+
+
+@pytest.mark.parametrize("args,message", BAD_REQUESTS.values(), ids=BAD_REQUESTS.keys())
+def test_plan_refuses_bad_requests_in_one_line(args: list[str], message: str) -> None:
+    """It rejects a bad mesh, accelerator, config or batch with one line and exit code 2."""
+    result = runner.invoke(app, ["plan", "--accelerator-type", "v5e-8", *args])
+
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
+
+
+def test_plan_sizes_a_hugging_face_config_without_its_weights(tmp_path: Path) -> None:
+    """It builds a decoder from a saved config alone, LoRA included, and lays it out."""
+    transformers = pytest.importorskip("transformers", reason="--hf-config needs the hf extra")
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=512, max_position_embeddings=128,
+    )  # fmt: skip
+    config.save_pretrained(tmp_path / "llama")
+    total = sum(p.numel() for p in transformers.LlamaForCausalLM(config).parameters())
+    args = ["--hf-config", str(tmp_path / "llama"), "--seq-len", "32", "--batch-size", "1"]
+
+    replicated = json.loads(cli_json("plan", *args, "--mesh", "data=8"))
+    split = json.loads(cli_json("plan", *args, "--mesh", "fsdp=4,tensor=2", "--set", "lora.rank=4"))
+
+    assert replicated["per_device"]["param_bytes"] == total * 4  # fp32, whole on every device
+    assert replicated["per_device"]["gathered_bytes"] == 0  # nothing to gather without fsdp
+    assert split["parameters"].startswith("parameters: ")
+    assert 0 < split["per_device"]["gradient_bytes"] < split["per_device"]["param_bytes"] / 10
+    assert split["blocks"] == 2
+
+
+def cli_json(*args: str) -> str:
+    done = cli(*args, "--accelerator-type", "v5e-8", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
