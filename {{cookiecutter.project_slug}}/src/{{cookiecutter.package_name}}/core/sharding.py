@@ -199,17 +199,17 @@ def layout(
             spec = rule.spec
         specs[key] = on_mesh(spec, mesh)
         _check_divides(names[0], shape, specs[key], mesh)
-    tensor = mesh.get("tensor", 1)
-    if tensor > 1 and not any("tensor" in _axes_of(e) for s in specs.values() for e in s):
-        raise RuntimeConfigError(
-            f"the mesh has tensor={tensor} but no rule splits a parameter over it: "
-            "give sharding_rules that use 'tensor', or drop the axis"
-        )
     unused = [r.pattern for i, r in enumerate(rules) if r.required and i not in used]
     if unused:
         raise RuntimeConfigError(
             f"sharding rule {unused[0]!r} matches no parameter of the model (names look like "
             f"{next(iter(parameters.values()))[0]!r})"
+        )
+    tensor = mesh.get("tensor", 1)
+    if tensor > 1 and not any("tensor" in _axes_of(e) for s in specs.values() for e in s):
+        raise RuntimeConfigError(
+            f"the mesh has tensor={tensor} but no rule splits a parameter over it: "
+            "give sharding_rules that use 'tensor', or drop the axis"
         )
     return specs
 
