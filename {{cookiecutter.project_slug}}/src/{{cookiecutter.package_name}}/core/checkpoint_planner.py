@@ -28,12 +28,15 @@ class ShardOnceSavePlanner(xc.SPMDSavePlanner):  # type: ignore[misc]
     def create_local_plan(self) -> SavePlan:
         plan = super().create_local_plan()
         replicas = {fqn: _replica_ids(value) for fqn, value in self.sharded_state_dict.items()}
-        kept = [
-            item
-            for item in plan.items
-            if item.index.fqn not in replicas or replicas[item.index.fqn][item.index.index] == 0
-        ]
+        kept = [item for item in plan.items if _first_replica(item.index, replicas)]
         return dataclasses.replace(plan, items=kept)
+
+
+def _first_replica(index: Any, replicas: dict[str, list[int]]) -> bool:
+    """True for an unsharded item or a shard of replica 0 (the one that writes it)."""
+    if index.fqn not in replicas or index.index is None:
+        return True
+    return replicas[index.fqn][index.index] == 0
 
 
 def _replica_ids(value: Any) -> list[int]:
@@ -46,4 +49,4 @@ def _replica_ids(value: Any) -> list[int]:
 
 def install() -> None:
     """Make torch_xla's CheckpointManager (and anyone else) save with this planner."""
-    xc.SPMDSavePlanner = ShardOnceSavePlanner
+    xc.SPMDSavePlanner = ShardOnceSavePlanner  # type: ignore[misc]
