@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from .runtime import RuntimeConfigError
 
@@ -30,7 +30,6 @@ BATCH_AXES = ("data", "fsdp")  # a batch's first dimension is split over these
 MeshShape = tuple[tuple[str, int], ...]
 Entry = str | tuple[str, ...] | None
 Spec = tuple[Entry, ...]
-Key = TypeVar("Key")
 
 
 def parse_mesh(text: str) -> MeshShape:
@@ -166,20 +165,20 @@ def on_mesh(spec: Spec, mesh: Mapping[str, int]) -> Spec:
 
 
 def layout(
-    parameters: Mapping[Key, Sequence[str]],
-    shapes: Mapping[Key, Sequence[int]],
+    parameters: Mapping[str, Sequence[str]],
+    shapes: Mapping[str, Sequence[int]],
     rules: Sequence[Rule],
     mesh: Mapping[str, int],
-) -> dict[Key, Spec]:
+) -> dict[str, Spec]:
     """Each parameter's spec on `mesh`: the first rule naming it (by any of its names),
     else the fsdp rule where the mesh has `fsdp`, else whole. RuntimeConfigError names a
     rule that matches nothing, a rank mismatch, or a tensor axis that does not divide.
 
-    `parameters` maps a parameter's key to all its names (tied parameters have several),
-    `shapes` the key to its shape.
+    `parameters` maps a parameter's first name to all its names (tied parameters have
+    several), `shapes` that name to its shape.
     """
     used: set[int] = set()
-    specs: dict[Key, Spec] = {}
+    specs: dict[str, Spec] = {}
     for key, names in parameters.items():
         shape = tuple(shapes[key])
         found = next(

@@ -85,7 +85,7 @@ class SpmdDataParallel(Strategy):
                 "use --devices all or the host's device count"
             )
         self.check_mesh_size(runtime.global_device_count())
-        over_slices(self.mesh_shape(), runtime.slice_count())  # refused here, not at first use
+        over_slices(self.mesh_shape(), runtime.mesh_slice_count())  # refused here, not at first use
 
     def check_mesh_size(self, devices: int) -> None:
         """Refuse a mesh whose size is not the job's device count."""
@@ -108,7 +108,7 @@ class SpmdDataParallel(Strategy):
 
             shape = self.mesh_shape()
             names = tuple(axis for axis, _ in shape)
-            slices = runtime.slice_count()
+            slices = runtime.mesh_slice_count()
             if slices > 1:
                 ici, dcn = over_slices(shape, slices)
                 self._mesh = xs.HybridMesh(ici_mesh_shape=ici, dcn_mesh_shape=dcn, axis_names=names)
@@ -191,8 +191,10 @@ class SpmdDataParallel(Strategy):
         for name, param in model.named_parameters(remove_duplicate=False):
             names.setdefault(id(param), []).append(name)  # a tied parameter has several
             params[id(param)] = param
-        shapes = {key: tuple(param.shape) for key, param in params.items()}
-        self.specs = layout(names, shapes, rules, self.mesh_axes())
+        by_name = {found[0]: found for found in names.values()}
+        shapes = {found[0]: tuple(params[key].shape) for key, found in names.items()}
+        specs = layout(by_name, shapes, rules, self.mesh_axes())
+        self.specs = {key: specs[found[0]] for key, found in names.items()}
         for key, spec in self.specs.items():
             xs.mark_sharding(params[key], self.mesh(), spec)
 
