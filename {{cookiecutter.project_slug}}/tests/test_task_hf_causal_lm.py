@@ -167,7 +167,7 @@ print(json.dumps({
     "wte_sum": model.transformer.wte.weight.sum().item(),
     "tied": model.lm_head.weight is model.transformer.wte.weight,
     "vocab": model.config.vocab_size,
-    "max_token": int(task.tokens.max()),
+    "max_token": int(data.tokens.max()),
     "loss": task.loss(model, batch).item(),
 }))
 """

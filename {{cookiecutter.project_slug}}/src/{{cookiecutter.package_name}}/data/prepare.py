@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -79,6 +80,10 @@ def prepare(
     hub = [item for item in inputs if item.startswith("hf:")]
     if hub and len(inputs) > 1:
         raise DataError("an hf: dataset is prepared on its own: give it as the only input")
+    try:
+        import datasets  # noqa: F401  (read, tokenize and write through it)
+    except ImportError:
+        raise DataError(sources.missing_datasets(hub[0] if hub else "prepare")) from None
     files = [] if hub else sources.resolve(inputs)
     kind = sources.builder(files) if files else "hub"
     print_fingerprint = fingerprint(files, hub[0] if hub else "", tokenizer, vocab_size, settings)
@@ -91,6 +96,7 @@ def prepare(
             "--out, or remove it first"
         )
     started = time.perf_counter()
+    _quiet_unless_interactive()
     with _staging(out) as (stage, scratch), _interrupt_on_sigterm():
         raw = (
             sources.load_hub(hub[0][3:], scratch)
@@ -107,7 +113,7 @@ def prepare(
         tokenized = _tokenize(raw, tokenizer, mode, settings)
         from tqdm.auto import tqdm
 
-        with tqdm(total=len(tokenized), desc="Packing", unit=" docs") as bar:
+        with tqdm(total=len(tokenized), desc="Packing", unit=" docs", disable=None) as bar:
             packed = pack(tokenized, scratch, settings.seq_len, vocab_size, bar)
         if packed["tokens"] == packed["documents"]:
             raise DataError(f"{where} holds no text: every document is empty")
@@ -133,6 +139,16 @@ def prepare(
         fs, path = filesystem(stage)
         fs.pipe(join(path, MANIFEST), manifest.to_json().encode())  # last: the dataset is whole
     return manifest, False
+
+
+def _quiet_unless_interactive() -> None:
+    """Progress bars on a terminal; in logs and pipes only the lines that say something."""
+    import datasets
+
+    if sys.stderr.isatty():
+        datasets.enable_progress_bars()
+    else:
+        datasets.disable_progress_bars()
 
 
 def _tokenize(raw: Any, tokenizer: Tokenizer, mode: str, settings: Settings) -> Any:

@@ -134,6 +134,8 @@ def load(paths: list[str], kind: str, cache_dir: Path) -> Any:
     """The records of local files as a memory-mapped `datasets.Dataset`."""
     from datasets import load_dataset
 
+    if all(os.path.getsize(path) == 0 for path in paths):
+        raise DataError(f"{', '.join(paths)[:200]} holds no documents: the corpus is empty")
     if kind != "parquet":
         for path in paths:
             where = first_undecodable(path)
@@ -149,10 +151,8 @@ def load(paths: list[str], kind: str, cache_dir: Path) -> Any:
 
 def load_hub(name: str, cache_dir: Path) -> Any:
     """`hf:NAME[:CONFIG]`: a dataset from the Hugging Face hub (needs network access)."""
-    try:
-        from datasets import load_dataset
-    except ImportError:
-        raise DataError(missing_datasets(f"hf:{name}")) from None
+    from datasets import load_dataset
+
     repo, _, config = name.partition(":")
     try:
         return load_dataset(repo, config or None, split="train", cache_dir=str(cache_dir))
