@@ -51,6 +51,11 @@ def read_corpus(source: str, max_bytes: int) -> bytes:
         return "\n".join(rows).encode()[:max_bytes]
     path = Path(source)
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    if any(p.suffix == ".arrow" for p in files):
+        raise DataError(
+            f"{source!r} is not a whole prepared dataset (no prepared.json: a prepare that "
+            "stopped early leaves none): run prepare again"
+        )
     records = [str(p) for p in files if builder_of(str(p)) in RECORD_FORMATS]
     if records:
         raise DataError(
