@@ -190,3 +190,107 @@ def test_interrupted_prepare_leaves_nothing_behind(tmp_path: Path) -> None:
     assert "error: interrupted: nothing was written" in output
     assert not (tmp_path / "out").exists()
     assert not list(tmp_path.glob(".partial-*"))
+{%- if cookiecutter.example_task == "hf-causal-lm" %}
+
+
+CHAT_TEMPLATE = (
+    "{% raw %}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}{% endraw %}"
+)
+
+
+def tiny_model(folder: Path, vocab_shortfall: int = 0) -> Path:
+    """A tiny Llama and a BPE tokenizer trained here, with an end token and a chat template."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = RustTokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    special = ["<unk>", "<eos>", "<|user|>", "<|assistant|>", "<|end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=special, show_progress=False)
+    bpe.train_from_iterator(documents(500), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = LlamaConfig(
+        vocab_size=len(tokenizer) - vocab_shortfall, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_prepare_tokenizes_with_the_models_own_tokenizer(tmp_path: Path) -> None:
+    """It tokenizes with the model's tokenizer and ends each document with its eos id."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path / "model")
+    source = corpus_jsonl(tmp_path, count=300)
+    code, lines = invoke_prepare(
+        str(source), "--out", str(tmp_path / "out"), "--set", f"task_options.model_name={model}",
+        "--set", "task_options.seq_len=16",
+    )  # fmt: skip
+    assert code == 0, lines
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    windows = read_windows(tmp_path / "out")["input_ids"]
+    text = tokenizer.decode([i for w in windows for i in w])
+    assert "<eos>" in text and "alpha" in text
+    assert manifest(tmp_path / "out")["eod_id"] == tokenizer.eos_token_id
+
+
+def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path: Path) -> None:
+    """It refuses a tokenizer whose ids the model's embeddings cannot hold, in one line."""
+    model = tiny_model(tmp_path / "model", vocab_shortfall=10)
+    out = tmp_path / "out"
+    code, lines = invoke_prepare(
+        str(corpus_jsonl(tmp_path)), "--out", str(out), "--set", f"task_options.model_name={model}"
+    )
+    assert code == 2 and len(lines) == 1
+    assert "more than the model's vocabulary" in lines[0] and not out.exists()
+
+
+def test_dataset_of_another_tokenizer_is_refused(tmp_path: Path) -> None:
+    """It refuses to train on ids made by another tokenizer (here bytes), in one line."""
+    from training_helpers import cli, write_config
+
+    model = tiny_model(tmp_path / "model")
+    out = tmp_path / "out"
+    prepared = invoke_prepare(
+        str(corpus_jsonl(tmp_path)), "--out", str(out), "--set", "task_options.seq_len=16"
+    )
+    assert prepared[0] == 0, prepared
+    config = write_config(tmp_path, max_steps=1, task_options={"model_name": str(model), "seq_len": 16})
+    result = cli("train", "--config", str(config), "--data", str(out), "--run-dir", str(tmp_path / "r"))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1
+    assert "was prepared with tokenizer bytes" in lines[0]
+
+
+def test_chat_loss_falls_on_assistant_turns_only(tmp_path: Path) -> None:
+    """It renders messages with the chat template and masks all but the assistant's turns."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path / "model")
+    chats = [
+        {"messages": [{"role": "user", "content": "alpha beta"}, {"role": "assistant", "content": "gamma"},
+                      {"role": "user", "content": "delta"}, {"role": "assistant", "content": "eta theta"}]}
+        for _ in range(100)
+    ]  # fmt: skip
+    source = write_jsonl(tmp_path / "chat.jsonl", chats)
+    code, lines = invoke_prepare(
+        str(source), "--out", str(tmp_path / "out"), "--set", f"task_options.model_name={model}",
+        "--set", "task_options.seq_len=32", "--eval-fraction", "0.2",
+    )  # fmt: skip
+    assert code == 0, lines
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    windows = read_windows(tmp_path / "out")
+    carried = [i for row in windows["labels"] for i in row if i != IGNORE]
+    masked = [i for ids, labels in zip(windows["input_ids"], windows["labels"], strict=True)
+              for i, label in zip(ids, labels, strict=True) if label == IGNORE]  # fmt: skip
+    said = set(tokenizer.decode(carried).replace("<|end|>", " ").replace("<eos>", " ").split())
+    assert said == {"gamma", "eta", "theta"}  # and the end of each turn and conversation
+    heard = set(tokenizer.decode(masked).replace("|>", " ").replace("<|", " ").split())
+    assert {"alpha", "beta", "delta"} <= heard and not heard & {"gamma", "eta", "theta"}
+{%- endif %}

@@ -68,6 +68,8 @@ class HFCausalLMTask:
             raise HFConfigError(
                 f"seq_len {self.seq_len} is longer than the model's {positions} positions"
             )
+        if self.data:
+            self.splits  # noqa: B018  (refuse data made for another run before any weights load)
 
     @cached_property
     def splits(self) -> TextSplits:

@@ -92,6 +92,10 @@ class LanguageModelTask:
     tokenizer = None  # bytes: the vocabulary is VOCAB
     vocab_size = VOCAB
 
+    def __post_init__(self) -> None:
+        if self.data:
+            self.splits  # noqa: B018  (refuse data made for another run before anything starts)
+
     @cached_property
     def splits(self) -> TextSplits:
         """Read when first needed: `prepare` builds the task only for its tokenizer."""
