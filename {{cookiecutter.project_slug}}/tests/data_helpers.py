@@ -14,8 +14,7 @@ def documents(count: int, seed: int = 0, words: tuple[int, int] = (1, 40)) -> li
     """Sentences of random words: a corpus with structure a small model can learn."""
     rng = random.Random(seed)
     return [
-        " ".join(rng.choice(WORDS) for _ in range(rng.randint(*words))) + "."
-        for _ in range(count)
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(*words))) + "." for _ in range(count)
     ]
 
 

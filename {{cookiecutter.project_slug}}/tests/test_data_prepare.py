@@ -11,10 +11,6 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from {{ cookiecutter.package_name }}.cli import app
-from {{ cookiecutter.package_name }}.data.encoding import BYTE_EOD, IGNORE, Tokenizer, held_out
-from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
-
 from data_helpers import (
     corpus_jsonl,
     documents,
@@ -24,6 +20,10 @@ from data_helpers import (
     write_jsonl,
     write_parquet,
 )
+from {{ cookiecutter.package_name }}.cli import app
+from {{ cookiecutter.package_name }}.data.encoding import BYTE_EOD, IGNORE, Tokenizer, held_out
+from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
+
 from training_helpers import cli_env
 
 runner = CliRunner()
@@ -43,7 +43,8 @@ def test_documents_are_packed_in_order_with_an_end_id_between_them(tmp_path: Pat
 
     evaluated = held_out(np.arange(len(texts)), 0.1)
     for split, chosen in (("train", ~evaluated), ("eval", evaluated)):
-        stream = b"".join(t.encode() + bytes([BYTE_EOD]) for t, c in zip(texts, chosen) if c)
+        kept = [t for t, keep in zip(texts, chosen, strict=True) if keep]
+        stream = b"".join(t.encode() + bytes([BYTE_EOD]) for t in kept)
         windows = read_windows(tmp_path / "out", split)["input_ids"]
         flat = bytes(i for window in windows for i in window)
         assert all(len(w) == SEQ_LEN + 1 for w in windows)
@@ -71,7 +72,8 @@ def test_text_jsonl_and_parquet_give_the_same_windows(tmp_path: Path) -> None:
     prepare_bytes([tmp_path / "in" / "c.parquet"], tmp_path / "p", field="body")
     prepare_bytes([tmp_path / "in" / "c.txt"], tmp_path / "t")  # a line is a document
 
-    assert read_windows(tmp_path / "j") == read_windows(tmp_path / "p") == read_windows(tmp_path / "t")
+    json_lines, parquet = read_windows(tmp_path / "j"), read_windows(tmp_path / "p")
+    assert json_lines == parquet == read_windows(tmp_path / "t")
 
 
 def test_globs_and_folders_name_every_file(tmp_path: Path) -> None:
@@ -127,7 +129,11 @@ def _undecodable(folder: Path) -> Path:
 
 BAD_INPUT = {
     "missing-path": (lambda tmp: tmp / "no-such.jsonl", [], "does not exist"),
-    "missing-field": (corpus_jsonl, ["--field", "body"], "has no field 'body' (its fields: id, text)"),
+    "missing-field": (
+        corpus_jsonl,
+        ["--field", "body"],
+        "has no field 'body' (its fields: id, text)",
+    ),
     "column-not-text": (
         lambda tmp: write_parquet(tmp / "c.parquet", {"text": [1, 2, 3]}),
         [],
@@ -137,7 +143,9 @@ BAD_INPUT = {
     "empty-texts": (lambda tmp: write_jsonl(tmp / "e.jsonl", [{"text": ""}] * 5), [], "no text"),
     "undecodable": (_undecodable, [], "bad.jsonl:2 (byte 30)"),
     "unknown-format": (
-        lambda tmp: (tmp / "c.csv").write_text("a,b\n") and tmp / "c.csv", [], "not a corpus file"
+        lambda tmp: (tmp / "c.csv").write_text("a,b\n") and tmp / "c.csv",
+        [],
+        "not a corpus file",
     ),
     "too-short": (lambda tmp: corpus_jsonl(tmp, count=2), [], "fills no sequence"),
 }
@@ -161,8 +169,9 @@ def test_hub_data_without_datasets_says_what_to_install(tmp_path: Path) -> None:
     """It names the package to install for hf: data when `datasets` is missing."""
     blocked = "import sys; sys.modules['datasets'] = None; "
     run = "from {{ cookiecutter.package_name }}.cli import main; main()"
+    out = str(tmp_path / "o")
     result = subprocess.run(
-        [sys.executable, "-c", blocked + run, "prepare", "hf:wikitext", "--out", str(tmp_path / "o")],
+        [sys.executable, "-c", blocked + run, "prepare", "hf:wikitext", "--out", out],
         env=cli_env(), capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 2
@@ -190,6 +199,21 @@ def test_interrupted_prepare_leaves_nothing_behind(tmp_path: Path) -> None:
     assert "error: interrupted: nothing was written" in output
     assert not (tmp_path / "out").exists()
     assert not list(tmp_path.glob(".partial-*"))
+
+
+def test_make_prepare_writes_a_prepared_dataset(tmp_path: Path) -> None:
+    """It prepares INPUTS into OUT through `make prepare`, and says how to train on it."""
+    project = Path(__file__).resolve().parents[1]
+    source = corpus_jsonl(tmp_path)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        ["make", "-C", str(project), f"VENV={sys.prefix}", "prepare", f"INPUTS={source}",
+         f"OUT={out}", "ARGS=--set task_options.seq_len=16"],
+        env=cli_env(), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"train with: --data {out}" in result.stdout
+    assert manifest(out)["documents"] == 400
 {%- if cookiecutter.example_task == "hf-causal-lm" %}
 
 
@@ -261,8 +285,10 @@ def test_dataset_of_another_tokenizer_is_refused(tmp_path: Path) -> None:
         str(corpus_jsonl(tmp_path)), "--out", str(out), "--set", "task_options.seq_len=16"
     )
     assert prepared[0] == 0, prepared
-    config = write_config(tmp_path, max_steps=1, task_options={"model_name": str(model), "seq_len": 16})
-    result = cli("train", "--config", str(config), "--data", str(out), "--run-dir", str(tmp_path / "r"))
+    options = {"model_name": str(model), "seq_len": 16}
+    config = write_config(tmp_path, max_steps=1, task_options=options)
+    run_dir = str(tmp_path / "r")
+    result = cli("train", "--config", str(config), "--data", str(out), "--run-dir", run_dir)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1
     assert "was prepared with tokenizer bytes" in lines[0]
@@ -273,11 +299,9 @@ def test_chat_loss_falls_on_assistant_turns_only(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
     model = tiny_model(tmp_path / "model")
-    chats = [
-        {"messages": [{"role": "user", "content": "alpha beta"}, {"role": "assistant", "content": "gamma"},
-                      {"role": "user", "content": "delta"}, {"role": "assistant", "content": "eta theta"}]}
-        for _ in range(100)
-    ]  # fmt: skip
+    turns = [("user", "alpha beta"), ("assistant", "gamma"), ("user", "delta"),
+             ("assistant", "eta theta")]  # fmt: skip
+    chats = [{"messages": [{"role": r, "content": c} for r, c in turns]} for _ in range(100)]
     source = write_jsonl(tmp_path / "chat.jsonl", chats)
     code, lines = invoke_prepare(
         str(source), "--out", str(tmp_path / "out"), "--set", f"task_options.model_name={model}",

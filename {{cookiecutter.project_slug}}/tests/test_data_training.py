@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
+from data_helpers import corpus_jsonl, prompt_completion_jsonl, read_windows
 from {{ cookiecutter.package_name }}.core import make_plan
 from {{ cookiecutter.package_name }}.data.encoding import IGNORE, Tokenizer
 from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
@@ -18,7 +19,6 @@ from {{ cookiecutter.package_name }}.tasks import WEIGHT, load_task
 from {{ cookiecutter.package_name }}.tasks._corpus import token_loss, token_metrics
 from {{ cookiecutter.package_name }}.training import TrainConfig, fit
 
-from data_helpers import corpus_jsonl, prompt_completion_jsonl, read_windows
 from training_helpers import TINY, cli, write_config
 
 SEQ_LEN = TINY["task_options"]["seq_len"]
@@ -61,7 +61,9 @@ def test_token_loss_and_metrics_skip_masked_targets() -> None:
     assert torch.allclose(token_loss(logits, targets), per_token[carried].mean())
     metrics = token_metrics(logits, targets)
     assert metrics[WEIGHT].tolist() == [3.0, 5.0, 0.0]
-    assert torch.allclose(metrics["loss"][:2], torch.stack([per_token[i][carried[i]].mean() for i in range(2)]))
+    assert torch.allclose(
+        metrics["loss"][:2], torch.stack([per_token[i][carried[i]].mean() for i in range(2)])
+    )
     assert metrics["loss"][2] == 0.0
 
 
@@ -136,8 +138,10 @@ def test_resume_reads_no_batch_twice_and_gives_the_same_losses(tmp_path: Path) -
     batch = TINY["batch_size"]
     per_epoch = len(CountingTask(data).counted) // batch
     resume_at, total = per_epoch // 2, per_epoch + 3  # mid-epoch, then into the next epoch
-    settings = {**TINY, "accelerator": "cpu", "data": str(data), "max_steps": total,
-                "log_every": 1, "seed": 5, "checkpoint_every": resume_at, "keep_checkpoints": 9}  # fmt: skip
+    settings = {
+        **TINY, "accelerator": "cpu", "data": str(data), "max_steps": total, "log_every": 1,
+        "seed": 5, "checkpoint_every": resume_at, "keep_checkpoints": 9,
+    }  # fmt: skip
     plan = make_plan("cpu", 1, "single")
 
     whole = CountingTask(data)

@@ -26,6 +26,7 @@ __all__ = ["VALID_KEY", "DeviceFeeder", "HostShard", "eval_dataloader", "prepare
 if TYPE_CHECKING:
     from .strategies import Strategy
 
+
 def _loader_shuffles(loader: DataLoader) -> bool:
     sampler = loader.sampler
     if isinstance(sampler, DistributedSampler):

@@ -39,8 +39,10 @@ class Tokenizer:
         if self.hf is None:
             return "bytes"
         backend = getattr(self.hf, "backend_tokenizer", None)
-        text = backend.to_str() if backend is not None else json.dumps(
-            sorted(self.hf.get_vocab().items())
+        text = (
+            backend.to_str()
+            if backend is not None
+            else json.dumps(sorted(self.hf.get_vocab().items()))
         )
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         name = str(getattr(self.hf, "name_or_path", "") or "tokenizer").rstrip("/")
@@ -130,16 +132,20 @@ class Encoder:
             )
         pairs = []
         for messages in batch["messages"]:
-            render = lambda upto, prompt=False: hf.apply_chat_template(  # noqa: E731
-                messages[:upto], tokenize=False, add_generation_prompt=prompt
-            )
-            ids = self.tokenizer.encode([render(len(messages))])[0]
+            ids = self._rendered(messages, len(messages))
             labels = np.full(len(ids), IGNORE, np.int32)
             for turn, message in enumerate(messages):
                 if message.get("role") != "assistant":
                     continue
-                start = len(self.tokenizer.encode([render(turn, True)])[0])
-                end = len(self.tokenizer.encode([render(turn + 1)])[0])
+                start = len(self._rendered(messages, turn, reply=True))
+                end = len(self._rendered(messages, turn + 1))
                 labels[start:end] = ids[start:end]
             pairs.append((ids, labels))
         return pairs
+
+    def _rendered(self, messages: list[Any], turns: int, reply: bool = False) -> np.ndarray:
+        """The ids of the first `turns` messages through the chat template."""
+        text = self.tokenizer.hf.apply_chat_template(
+            messages[:turns], tokenize=False, add_generation_prompt=reply
+        )
+        return self.tokenizer.encode([text])[0]

@@ -50,7 +50,8 @@ class SplitWriter:
         if self.masked:
             labels = np.concatenate(self.pending_labels)
             columns["labels"] = labels[:whole]
-            self.loss_tokens += int((labels[:whole].reshape(-1, self.window)[:, 1:] != IGNORE).sum())
+            targets = labels[:whole].reshape(-1, self.window)[:, 1:]
+            self.loss_tokens += int((targets != IGNORE).sum())
             self.pending_labels = [labels[whole:]]
         else:
             self.loss_tokens += whole // self.window * (self.window - 1)

@@ -26,7 +26,16 @@ from typing import Any
 
 from . import sources
 from .encoding import CHAT, PROMPT_COMPLETION, TEXT, Encoder, Tokenizer, mode_of
-from .manifest import MANIFEST, SPLITS, VERSION, DataError, Manifest, filesystem, join, read_manifest
+from .manifest import (
+    MANIFEST,
+    SPLITS,
+    VERSION,
+    DataError,
+    Manifest,
+    filesystem,
+    join,
+    read_manifest,
+)
 from .packing import pack
 
 

@@ -67,7 +67,9 @@ class PackedWindows(Dataset[dict[str, torch.Tensor]]):
         ids, labels = self._chunks[chunk]
         row = index - int(self._starts[chunk])
         window = torch.from_numpy(ids[row].astype(np.int64))
-        targets = window[1:] if labels is None else torch.from_numpy(labels[row, 1:].astype(np.int64))
+        if labels is None:
+            return {"x": window[:-1], "y": window[1:]}
+        targets = torch.from_numpy(labels[row, 1:].astype(np.int64))
         return {"x": window[:-1], "y": targets}
 
 

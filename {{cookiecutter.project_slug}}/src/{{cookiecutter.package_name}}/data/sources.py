@@ -180,4 +180,3 @@ def text_column(dataset: Any, column: str, where: str) -> None:
     dtype = getattr(features[column], "dtype", type(features[column]).__name__)
     if dtype not in TEXT_TYPES:
         raise DataError(f"field {column!r} of {where} holds {dtype}, not text")
-
