@@ -16,6 +16,8 @@ import numpy as np
 from .encoding import IGNORE
 from .manifest import DataError
 
+FLUSH_IDS = 1 << 22  # ids gathered before windows are cut and written: few, large batches
+
 
 @dataclass
 class SplitWriter:
@@ -38,7 +40,7 @@ class SplitWriter:
         if labels is not None:
             self.pending_labels.append(labels)
         self.pending += len(ids)
-        if self.pending >= self.window:
+        if self.pending >= max(self.window, FLUSH_IDS):
             self._flush()
 
     def _flush(self) -> None:
@@ -71,6 +73,8 @@ class SplitWriter:
 
     def close(self) -> int:
         """Close the file; return the ids dropped (the last unfinished window)."""
+        if self.pending >= self.window:
+            self._flush()
         if self.writer is not None:
             self.writer.close()
         return self.pending
