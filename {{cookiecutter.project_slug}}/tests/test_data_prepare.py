@@ -87,6 +87,14 @@ def test_globs_and_folders_name_every_file(tmp_path: Path) -> None:
     assert read_windows(tmp_path / "g") == read_windows(tmp_path / "f")
 
 
+def test_a_dataset_prepared_among_its_inputs_is_not_read_as_one(tmp_path: Path) -> None:
+    """It skips the files of a prepared dataset inside the input folder: a rerun reuses it."""
+    corpus_jsonl(tmp_path / "in")
+    first, _ = prepare_bytes([tmp_path / "in"], tmp_path / "in" / "prepared")
+    again, reused = prepare_bytes([tmp_path / "in"], tmp_path / "in" / "prepared")
+    assert reused and again.inputs == first.inputs == [str(tmp_path / "in" / "corpus.jsonl")]  # type: ignore[attr-defined]
+
+
 def test_preparing_again_reuses_the_result(tmp_path: Path) -> None:
     """It reuses a dataset prepared from the same inputs and settings, and refuses to mix."""
     source = corpus_jsonl(tmp_path)

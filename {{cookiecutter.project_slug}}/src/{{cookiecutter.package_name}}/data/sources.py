@@ -23,6 +23,7 @@ BUILDERS = {
 RECORD_FORMATS = ("json", "parquet")  # raw bytes of these mean nothing to a model
 TEXT_TYPES = ("string", "large_string")
 GLOB_CHARS = "*?["
+PREPARED_FILES = ("prepared.json", "state.json", "dataset_info.json")  # never corpus files
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def resolve(inputs: list[str]) -> list[InputFile]:
             if not found:
                 raise DataError(f"no file matches {item!r}")
         elif fs.isdir(path):
-            found = sorted(p for p in fs.find(path) if builder_of(p))
+            found = sorted(p for p in fs.find(path) if builder_of(p) and not _prepared_file(p))
             if not found:
                 raise DataError(
                     f"{item!r} holds no .txt, .jsonl, .json or .parquet file to prepare"
@@ -81,6 +82,12 @@ def resolve(inputs: list[str]) -> list[InputFile]:
             url = prefix + found_path
             files[url] = InputFile(url, int(info.get("size") or 0), _stamp(info))
     return sorted(files.values(), key=lambda f: f.url)
+
+
+def _prepared_file(path: str) -> bool:
+    """A file of a prepared dataset (or of one being written) inside a folder of inputs."""
+    parts = path.replace("\\", "/").split("/")
+    return parts[-1] in PREPARED_FILES or any(part.startswith(".partial-") for part in parts)
 
 
 def builder(files: list[InputFile]) -> str:

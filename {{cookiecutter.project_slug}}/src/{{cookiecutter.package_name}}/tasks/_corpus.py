@@ -47,7 +47,11 @@ def read_corpus(source: str, max_bytes: int) -> bytes:
         except ImportError:
             raise DataError(missing_datasets(source)) from None
         name, _, column = source[3:].partition(":")
-        rows = load_dataset(name, split="train")[column or "text"]
+        try:
+            rows = load_dataset(name, split="train")[column or "text"]
+        except Exception as error:  # no network, no such dataset or column: one line
+            first = (str(error).strip() or type(error).__name__).splitlines()[0][:300]
+            raise DataError(f"cannot load {source}: {first}") from None
         return "\n".join(rows).encode()[:max_bytes]
     path = Path(source)
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
