@@ -225,9 +225,13 @@ def test_make_prepare_writes_a_prepared_dataset(tmp_path: Path) -> None:
 {%- if cookiecutter.example_task == "hf-causal-lm" %}
 
 
+# A chat template in Jinja, spelled so that no template marker is left in this file once the
+# project is generated from it.
+BLOCK, END, VALUE, DONE = "{" + "%", "%" + "}", "{" + "{", "}" + "}"
 CHAT_TEMPLATE = (
-    "{% raw %}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}{% endraw %}"
+    f"{BLOCK} for m in messages {END}<|{VALUE} m['role'] {DONE}|>{VALUE} m['content'] {DONE}"
+    f"<|end|>{BLOCK} endfor {END}{BLOCK} if add_generation_prompt {END}<|assistant|>"
+    f"{BLOCK} endif {END}"
 )
 
 
