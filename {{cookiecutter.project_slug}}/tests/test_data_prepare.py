@@ -11,6 +11,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from {{ cookiecutter.package_name }}.cli import app
+from {{ cookiecutter.package_name }}.data.encoding import BYTE_EOD, IGNORE, Tokenizer, held_out
+from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
+
 from data_helpers import (
     corpus_jsonl,
     documents,
@@ -20,10 +24,6 @@ from data_helpers import (
     write_jsonl,
     write_parquet,
 )
-from {{ cookiecutter.package_name }}.cli import app
-from {{ cookiecutter.package_name }}.data.encoding import BYTE_EOD, IGNORE, Tokenizer, held_out
-from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
-
 from training_helpers import cli_env
 
 runner = CliRunner()

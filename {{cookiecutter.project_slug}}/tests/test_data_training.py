@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from data_helpers import corpus_jsonl, prompt_completion_jsonl, read_windows
 from {{ cookiecutter.package_name }}.core import make_plan
 from {{ cookiecutter.package_name }}.data.encoding import IGNORE, Tokenizer
 from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
@@ -19,6 +18,7 @@ from {{ cookiecutter.package_name }}.tasks import WEIGHT, load_task
 from {{ cookiecutter.package_name }}.tasks._corpus import token_loss, token_metrics
 from {{ cookiecutter.package_name }}.training import TrainConfig, fit
 
+from data_helpers import corpus_jsonl, prompt_completion_jsonl, read_windows
 from training_helpers import TINY, cli, write_config
 
 SEQ_LEN = TINY["task_options"]["seq_len"]
