@@ -26,6 +26,10 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
     "hf-causal-lm": (
         "src/{package}/tasks/hf_causal_lm.py",
         "tests/test_task_hf_causal_lm.py",
+        "tests/test_hf_models.py",
+        "tests/test_lora.py",
+        "tests/test_hf_export.py",
+        "tests/hf_helpers.py",
         "configs/hf-causal-lm.toml",
     ),
 }

@@ -1,14 +1,16 @@
-"""The workers of a TPU pod slice, on this machine, behind a real sshd each.
+"""The workers of TPU pod slices, on this machine, behind a real sshd each.
 
 Worker I listens on 127.0.0.(I+2):22, the address the TPU API stand-in gives as its
-network endpoint, with a host key of its own. Every session (gcloud's ssh, scp over
-SFTP, and the startup script at boot) runs through `worker-shell`, the sshd
+network endpoint, with a host key of its own. Several slices of H hosts each are
+consecutive runs of workers: slice S is workers S*H ... S*H+H-1. Every session (gcloud's
+ssh, scp over SFTP, and the startup script at boot) runs through `worker-shell`, the sshd
 ForceCommand: it enters a private mount namespace in which the worker has its own
 /home, /opt, /var/log, /var/lib, /var/cache and /tmp (its home is /home/worker), so
 workers share no project copy, virtual environment, startup log, marker or libtpu
 lockfile, as separate TPU VMs would.
-TPU_WORKER_ID is set as on a TPU VM. Needs root (port 22, mount namespaces) and
-openssh-server, which is installed from Debian's packages when missing.
+TPU_WORKER_ID is set as on a TPU VM: the worker's index within its slice. Needs root
+(port 22, mount namespaces) and openssh-server, which is installed from Debian's packages
+when missing.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 WORKER_SHELL = r"""#!/bin/bash
 # The login shell of one worker (sshd's ForceCommand; also runs its startup script).
-# Arguments: the worker's folder, its index, the sftp-server to start for SFTP.
+# Arguments: the worker's folder, its index in its slice, the sftp-server to start for SFTP.
 set -eu
 root="$1" worker="$2" sftp_server="$3"
 command="${SSH_ORIGINAL_COMMAND:-}"
@@ -130,12 +132,14 @@ def check_can_host(addresses: Sequence[str]) -> None:
 
 @dataclass
 class Worker:
-    """One worker: its index, address, folder and sshd host key."""
+    """One worker: its index, address, folder and sshd host key, and its place in its slice."""
 
     index: int
     address: str
     folder: Path
     host_key: str  # "ssh-ed25519 AAAA...", as the guest attribute carries it
+    slice: int = 0
+    worker_id: int = 0  # TPU_WORKER_ID: the index within its slice
 
     @property
     def home(self) -> Path:
@@ -173,7 +177,7 @@ class Pod:
         target = self.workers[worker]
         environment = {"SSH_ORIGINAL_COMMAND": command, "PATH": LOGIN_PATH, **(env or {})}
         return subprocess.run(
-            [str(self.shell), str(target.folder), str(worker), self.sftp_server],
+            [str(self.shell), str(target.folder), str(target.worker_id), self.sftp_server],
             env=environment,
             capture_output=True,
             text=True,
@@ -227,12 +231,14 @@ def _wait_listening(address: str, deadline: float) -> bool:
     return False
 
 
-def start_pod(base: Path, count: int, shared: Sequence[Path] = ()) -> Pod:
+def start_pod(base: Path, count: int, shared: Sequence[Path] = (), hosts_per_slice: int = 0) -> Pod:
     """Start `count` workers under `base`, each with its sshd on 127.0.0.(I+2):22.
 
     `shared`: directories of this machine every worker sees at the same path, even where
     that path lies in one of the worker's own directories (a virtual environment in /tmp).
+    `hosts_per_slice`: workers of each slice (default: all in one slice).
     """
+    per_slice = hosts_per_slice or count
     base.mkdir(parents=True, exist_ok=True)
     sshd, sftp_server = ensure_sshd(base / "sshd-install.log")
     addresses = [f"127.0.0.{index + 2}" for index in range(count)]
@@ -256,7 +262,8 @@ def start_pod(base: Path, count: int, shared: Sequence[Path] = ()) -> Pod:
             for private in PRIVATE_DIRS:
                 (folder / private).mkdir(parents=True, exist_ok=True)
             (folder / HOME.lstrip("/")).mkdir()
-            worker = Worker(index, address, folder, _host_key(folder))
+            slice_index, worker_id = divmod(index, per_slice)
+            worker = Worker(index, address, folder, _host_key(folder), slice_index, worker_id)
             config = folder / "sshd_config"
             config.write_text(
                 SSHD_CONFIG.format(
@@ -267,7 +274,7 @@ def start_pod(base: Path, count: int, shared: Sequence[Path] = ()) -> Pod:
                     authorized_keys=authorized_keys,
                     sftp_server=sftp_server,
                     shell=shell,
-                    index=index,
+                    index=worker_id,
                 ),
                 encoding="utf-8",
             )

@@ -7,6 +7,13 @@ serves the TPU API and records every REST request; its node's two workers are
 (pod_workers.py). `make tpu-create` (plain, SPOT=1, QUEUED=1), `tpu-status`, `pod-sync`,
 `train-pod` (2 steps on XLA:CPU on every worker), `pod-kill` and `tpu-delete` run as a
 user runs them; the tests assert the requests gcloud sent and each worker's output.
+Then the same targets with SLICES=2: one queued resource of two v5p-16 slices, whose
+nodes tpu-project-0 and tpu-project-1 have the workers 127.0.0.2-3 and 127.0.0.4-5;
+`train-pod` starts all four, each with its slice's multislice environment, which the
+training process records (its Python is a wrapper that writes the environment it was
+started with) and the transcript shows. What cannot run here: the slices' TPU runtimes
+meeting over the data-center network (XLA:CPU has no multi-process collectives), so each
+worker trains on its own.
 The workers' image comes with the runtime: a virtual environment at the startup
 script's place whose packages are this test run's (torch, torch_xla), so the startup
 script finds them installed instead of downloading them.
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -47,11 +55,19 @@ RUNTIME = "v2-alpha-tpuv5"
 GCP_PROJECT = "my-gcp-project"
 SLUG = "tpu-project"
 PACKAGE = "tpu_project"
-WORKERS = 2
+WORKERS = 2  # per slice
+SLICES = 2  # the multislice rehearsal; the single-slice tests use slice 0's workers
 VENV = f"/opt/{SLUG}/.venv"  # where the startup script keeps the runtime
 LOCATION = f"/v2/projects/{GCP_PROJECT}/locations/{ZONE}"
 NODE = f"{LOCATION}/nodes/{SLUG}"
 MAKE_TIMEOUT = 600
+# The Python the multislice training runs: records the environment it starts with.
+RECORDING_PYTHON = f"/opt/{SLUG}/recording-python"
+RECORDED_ENV = "/home/worker/training-environment"
+RECORDING_SCRIPT = f"""#!/bin/sh
+env | grep -E '^(MEGASCALE_|TPU_WORKER_ID=|PJRT_DEVICE=)' | sort > {RECORDED_ENV}
+exec {VENV}/bin/python "$@"
+"""
 # The example task shrunk to seconds on XLA:CPU.
 TINY = {
     "task": "lm",
@@ -89,9 +105,12 @@ class Ran:
     stderr: str
     calls: list[Request]
 
-    def lines(self, worker: int) -> list[str]:
-        """Worker `worker`'s output lines, without their prefix."""
-        prefix = f"[worker {worker}] "
+    def lines(self, worker: int, slice_index: int | None = None) -> list[str]:
+        """Worker `worker`'s output lines (of slice `slice_index`), without their prefix."""
+        label = (
+            f"worker {worker}" if slice_index is None else f"slice {slice_index} worker {worker}"
+        )
+        prefix = f"[{label}] "
         return [line[len(prefix) :] for line in self.stdout.splitlines() if line.startswith(prefix)]
 
 
@@ -147,11 +166,13 @@ def gcloud() -> str:
 
 @pytest.fixture(scope="module")
 def pod(gcloud: str, tier_dir: Path) -> Iterator[Pod]:
-    """Two workers, each behind its own sshd on 127.0.0.2 and 127.0.0.3."""
+    """Two slices of two workers, each behind its own sshd on 127.0.0.2 ... 127.0.0.5."""
     try:
         # This machine's packages stand for the runtime a TPU image has (see `image`).
         runtime = Path(sysconfig.get_paths()["purelib"])
-        workers = start_pod(tier_dir / "pod", WORKERS, shared=[runtime])
+        workers = start_pod(
+            tier_dir / "pod", WORKERS * SLICES, shared=[runtime], hosts_per_slice=WORKERS
+        )
     except WorkersUnavailable as error:
         unavailable(f"no pod workers here: {error}")
         raise
@@ -167,6 +188,7 @@ def standin(pod: Pod) -> Iterator[StandIn]:
         host_keys=[w.host_key for w in pod.workers],
         authorized_keys=pod.authorized_keys,
         boot=pod.boot,
+        hosts_per_node=WORKERS,
     ).start()
     yield api
     api.wait_for_boots()
@@ -198,9 +220,12 @@ def image(pod: Pod) -> None:
         f"{shlex.quote(base_python)} -m venv --without-pip {VENV} && "
         f"echo {shlex.quote(site_packages)} > {pth}"
     )
-    for worker in range(WORKERS):
+    for worker in range(WORKERS * SLICES):
         made = pod.run(worker, command)
         assert made.returncode == 0, made.stdout + made.stderr
+        recorder = pod.workers[worker].path(RECORDING_PYTHON)
+        recorder.write_text(RECORDING_SCRIPT, encoding="utf-8")
+        recorder.chmod(0o755)
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +315,9 @@ def test_tpu_status_shows_the_startup_script_done_on_every_worker(
             break
         time.sleep(2)
     boots = [
-        (w.folder / "boot.log").read_text() for w in pod.workers if (w.folder / "boot.log").exists()
+        (w.folder / "boot.log").read_text()
+        for w in pod.workers[:WORKERS]
+        if (w.folder / "boot.log").exists()
     ]
     assert ran.returncode == 0, f"{ran.stdout}{ran.stderr}\nboot logs: {boots}"
     assert f"READY\tHEALTHY\t{ACCELERATOR_TYPE}" in ran.stdout.splitlines()
@@ -310,7 +337,7 @@ def test_tpu_status_shows_the_startup_script_done_on_every_worker(
     ssh_keys = patches[0].body["metadata"]["ssh-keys"]
     assert ssh_keys.strip().startswith("root:ssh-rsa ")
     assert ssh_keys.split(":", 1)[1].strip() in pod.authorized_keys.read_text()
-    for each in pod.workers:
+    for each in pod.workers[:WORKERS]:
         log = each.path(f"/var/log/{SLUG}-startup.log").read_text()
         assert "torch 2.9.0 is installed" in log, log
 
@@ -322,11 +349,11 @@ def test_pod_sync_copies_and_installs_the_project_on_every_worker(
     ran = make("pod-sync")
     succeeded(ran)
     assert f"pod: {WORKERS}/{WORKERS} workers succeeded" in ran.stderr
-    source = project / "src" / PACKAGE / "pod.py"
+    source = project / "src" / PACKAGE / "pod" / "fanout.py"
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    for worker in pod.workers:
+    for worker in pod.workers[:WORKERS]:
         copy = worker.home / SLUG
-        assert (copy / "src" / PACKAGE / "pod.py").read_bytes() == source.read_bytes()
+        assert (copy / "src" / PACKAGE / "pod" / "fanout.py").read_bytes() == source.read_bytes()
         assert (copy / "configs" / "rehearsal.yaml").is_file()
         installed = worker.path(f"{VENV}/lib/{version}/site-packages")
         assert list(installed.glob(f"{PACKAGE.replace('_', '?')}-0.1.0.dist-info")), list(
@@ -357,11 +384,11 @@ def test_train_pod_trains_two_steps_on_every_worker(make: Callable[..., Ran], po
 
 def test_pod_kill_frees_the_tpu_on_every_worker(make: Callable[..., Ran], pod: Pod) -> None:
     """It runs the kill script on every worker and drops each worker's own libtpu lockfile."""
-    for worker in pod.workers:
+    for worker in pod.workers[:WORKERS]:
         worker.path("/tmp/libtpu_lockfile").touch()
     ran = make("pod-kill")
     succeeded(ran)
-    for worker in pod.workers:
+    for worker in pod.workers[:WORKERS]:
         assert ran.lines(worker.index)[-2:] == [
             "no process holds the TPU",
             "removed /tmp/libtpu_lockfile",
@@ -406,6 +433,139 @@ def test_queued_tpu_create_sends_a_queued_resource(
     assert spec["node"]["metadata"]["startup-script"].startswith("#!/usr/bin/env bash\n")
     assert create.body["spot"] == {}
     deleted = make("tpu-delete", "QUEUED=1")
+    succeeded(deleted)
+    (delete,) = [c for c in deleted.calls if c.method == "DELETE"]
+    assert delete.path == f"{LOCATION}/queuedResources/{SLUG}"
+    assert delete.query["force"] == ["True"]
+    assert standin.nodes == {} and standin.queued_resources == {}
+
+
+# -- several slices: one queued resource of SLICES v5p-16 slices ----------------------------
+
+NODES = [f"{SLUG}-{index}" for index in range(SLICES)]
+COORDINATOR = "127.0.0.2:8081"  # worker 0 of slice 0, on the port the slices talk on
+
+
+def test_slices_the_type_cannot_form_are_refused_before_any_request(
+    make: Callable[..., Ran],
+) -> None:
+    """It refuses SLICES=2 of a v3 (no multislice) with one error line and sends nothing."""
+    ran = make("tpu-create", f"SLICES={SLICES}", "ACCELERATOR_TYPE=v3-8")
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    # make adds its own `make: *** [...] Error 2` after the command's line.
+    errors = [line for line in ran.stderr.splitlines() if not re.match(r"make(\[\d+\])?: ", line)]
+    assert len(errors) == 1 and errors[0].startswith("error: 2 slices of v3-8"), ran.stderr
+    assert ran.calls == []
+    assert "gcloud compute" not in ran.stdout
+
+
+def test_multislice_tpu_create_sends_one_queued_resource_of_every_slice(
+    make: Callable[..., Ran], standin: StandIn, project: Path
+) -> None:
+    """It asks for one queued resource of SLICES nodes named after the TPU, one per slice."""
+    ran = make("tpu-create", f"SLICES={SLICES}")
+    succeeded(ran)
+    (create,) = [c for c in ran.calls if c.method == "POST"]
+    assert create.path == f"{LOCATION}/queuedResources"
+    assert create.query["queuedResourceId"] == [SLUG]
+    (spec,) = create.body["tpu"]["nodeSpec"]
+    assert "nodeId" not in spec
+    assert spec["multisliceParams"] == {"nodeCount": SLICES, "nodeIdPrefix": SLUG}
+    assert spec["node"]["acceleratorType"] == ACCELERATOR_TYPE
+    assert spec["node"]["runtimeVersion"] == RUNTIME
+    startup = (project / "scripts" / "tpu-startup.sh").read_text(encoding="utf-8")
+    assert spec["node"]["metadata"] == {"startup-script": startup}
+    created = {name.rsplit("/", 1)[1]: node for name, node in standin.nodes.items()}
+    assert sorted(created) == NODES
+    addresses = [[e["ipAddress"] for e in created[n]["networkEndpoints"]] for n in NODES]
+    assert addresses == [["127.0.0.2", "127.0.0.3"], ["127.0.0.4", "127.0.0.5"]]
+
+
+def test_multislice_tpu_status_shows_every_slice_ready(make: Callable[..., Ran]) -> None:
+    """It reports the queued resource ACTIVE, each slice READY and every worker ready."""
+    deadline = time.monotonic() + 120
+    while True:
+        ran = make("tpu-status", f"SLICES={SLICES}")
+        if ran.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    succeeded(ran)
+    lines = ran.stdout.splitlines()
+    assert "ACTIVE" in lines
+    assert lines.count(f"READY\tHEALTHY\t{ACCELERATOR_TYPE}") == SLICES
+    for index in range(SLICES):
+        for worker in range(WORKERS):
+            (line,) = [line for line in ran.lines(worker, index) if "ready: " in line]
+            assert line.startswith("ready: "), line
+            # Slice 0's workers were prepared by the first node's boot, and say so now.
+            assert line.endswith("step 4/4: ready" if index else "nothing to do"), line
+    assert f"pod: {WORKERS * SLICES}/{WORKERS * SLICES} workers ready" in ran.stderr
+    queried = {c.path for c in ran.calls if c.path.endswith(":getGuestAttributes")}
+    assert queried == {f"{LOCATION}/nodes/{node}:getGuestAttributes" for node in NODES}
+
+
+def test_multislice_pod_sync_installs_the_project_on_every_worker_of_every_slice(
+    make: Callable[..., Ran], pod: Pod, project: Path
+) -> None:
+    """It copies the project into every worker's home, slice by slice, and installs it."""
+    ran = make("pod-sync", f"SLICES={SLICES}")
+    succeeded(ran)
+    assert f"pod: {WORKERS * SLICES}/{WORKERS * SLICES} workers succeeded" in ran.stderr
+    source = (project / "src" / PACKAGE / "pod" / "fanout.py").read_bytes()
+    for worker in pod.workers:
+        assert (worker.home / SLUG / "src" / PACKAGE / "pod" / "fanout.py").read_bytes() == source
+
+
+def test_multislice_train_pod_starts_every_worker_with_its_slice_environment(
+    make: Callable[..., Ran], pod: Pod, transcript: Transcript
+) -> None:
+    """It trains on every worker of every slice at once, each started with the multislice
+    environment of its slice: worker 0 of slice 0 as coordinator, 2 slices, its slice id."""
+    ran = make(
+        "train-pod",
+        f"SLICES={SLICES}",
+        f"POD_TRAIN=--python {RECORDING_PYTHON} --accelerator cpu --devices 1",
+        "ARGS=--config configs/rehearsal.yaml --max-steps 2 --log-every 1 --eval-every 0",
+    )
+    succeeded(ran)
+    assert f"pod: {WORKERS * SLICES}/{WORKERS * SLICES} workers succeeded" in ran.stderr
+    recorded = []
+    for worker in pod.workers:
+        lines = ran.lines(worker.worker_id, worker.slice)
+        assert any("completed: 2 steps" in line for line in lines), lines
+        environment = worker.path(RECORDED_ENV).read_text(encoding="utf-8")
+        recorded.append(
+            f"[slice {worker.slice} worker {worker.worker_id}] ({worker.address})\n{environment}"
+        )
+        assert environment.splitlines() == [
+            f"MEGASCALE_COORDINATOR_ADDRESS={COORDINATOR}",
+            f"MEGASCALE_NUM_SLICES={SLICES}",
+            "MEGASCALE_PORT=8081",
+            f"MEGASCALE_SLICE_ID={worker.slice}",
+            "PJRT_DEVICE=CPU",
+            f"TPU_WORKER_ID={worker.worker_id}",
+        ]
+    transcript.write(
+        "## The environment each training process started with (make train-pod SLICES=2)\n\n"
+        + "\n".join(recorded)
+        + "\n"
+    )
+    described = {c.path for c in ran.calls if c.method == "GET" and "/nodes/" in c.path}
+    assert described == {f"{LOCATION}/nodes/{node}" for node in NODES}
+
+
+def test_multislice_pod_kill_and_tpu_delete_reach_every_slice(
+    make: Callable[..., Ran], pod: Pod, standin: StandIn
+) -> None:
+    """It frees the TPU on every worker of every slice, then deletes the queued resource."""
+    for worker in pod.workers:
+        worker.path("/tmp/libtpu_lockfile").touch()
+    ran = make("pod-kill", f"SLICES={SLICES}")
+    succeeded(ran)
+    for worker in pod.workers:
+        assert ran.lines(worker.worker_id, worker.slice)[-1] == "removed /tmp/libtpu_lockfile"
+        assert not worker.path("/tmp/libtpu_lockfile").exists()
+    deleted = make("tpu-delete", f"SLICES={SLICES}")
     succeeded(deleted)
     (delete,) = [c for c in deleted.calls if c.method == "DELETE"]
     assert delete.path == f"{LOCATION}/queuedResources/{SLUG}"

@@ -26,6 +26,8 @@ USERS_WAY = {
     "3.10": ("v2-8-legacy-runtime-py310", "not slow", False),
     "3.12": ("v6e-8-vision-py312", "not slow", True),
 }
+# `make test` runs the default bake (its whole suite); `make test-pythons` the other two.
+OTHER_PYTHONS = pytest.mark.pythons
 # What the tests of a bake call by name: on PATH only through the bake's own environment.
 TOOLS = ("hadolint", "shellcheck", "ruff", "pre-commit")
 
@@ -55,7 +57,9 @@ def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> s
 
 
 @pytest.mark.suite
-@pytest.mark.parametrize("python", USERS_WAY)
+@pytest.mark.parametrize(
+    "python", [p if p == "3.11" else pytest.param(p, marks=OTHER_PYTHONS) for p in USERS_WAY]
+)
 def test_bake_installs_and_passes_its_suite_from_a_plain_shell(
     python: str, bake_combo: Callable[[str], Baked], tmp_path: Path
 ) -> None:

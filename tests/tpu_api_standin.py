@@ -4,8 +4,10 @@ asks for around it, served over HTTP on 127.0.0.1 for the real `gcloud`.
 Point gcloud at it with `gcloud_environment()`. It keeps nodes, queued resources,
 long-running operations (finished at once) and guest attributes, and records every
 request (method, path, query, JSON body) so tests can assert what gcloud sent. The
-workers of a node are given addresses (127.0.0.2, ...); the stand-in plays the parts
-of Google Cloud that touch them:
+workers of a node are given addresses (127.0.0.2, ...): `hosts_per_node` of them, the
+first ones for a node of its own, the next ones for each further slice of a multislice
+queued resource (`multisliceParams`: nodes PREFIX-0 ... PREFIX-(N-1)). The stand-in plays
+the parts of Google Cloud that touch them:
 - the guest agent: ssh keys put in the node's metadata (`ssh-keys`, as gcloud does
   before connecting) are written to `authorized_keys`, and each worker's sshd host key
   is published as the guest attribute `hostkeys/ssh-ed25519`;
@@ -67,6 +69,7 @@ class StandIn:
     host_keys: Sequence[str]
     authorized_keys: Path
     boot: Boot | None = None
+    hosts_per_node: int = 0  # 0: every worker belongs to each node
     requests: list[Request] = field(default_factory=list)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     queued_resources: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -203,10 +206,18 @@ class StandIn:
         self.operations[name] = operation
         return operation
 
-    def _new_node(self, project: str, zone: str, name: str, spec: Mapping[str, Any]) -> Any:
+    def _new_node(
+        self, project: str, zone: str, name: str, spec: Mapping[str, Any], slot: int = 0
+    ) -> Any:
+        """A node on the workers of slot `slot` (the slot-th run of hosts_per_node workers)."""
         full = self._node_name(project, zone, name)
         if full in self.nodes:
             raise ApiError(HTTPStatus.CONFLICT, f"node {full} already exists")
+        per_node = self.hosts_per_node or len(self.workers)
+        first = slot * per_node
+        if first + per_node > len(self.workers):
+            raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, f"no workers left for node {name}")
+        addresses = self.workers[first : first + per_node]
         node = {
             **spec,
             "name": full,
@@ -214,17 +225,17 @@ class StandIn:
             "state": "READY",
             "health": "HEALTHY",
             "apiVersion": "V2",
-            "networkEndpoints": [{"ipAddress": ip, "port": TPU_PORT} for ip in self.workers],
+            "networkEndpoints": [{"ipAddress": ip, "port": TPU_PORT} for ip in addresses],
         }
         self.nodes[full] = node
-        for worker, host_key in enumerate(self.host_keys):
+        for worker, host_key in enumerate(self.host_keys[first : first + per_node]):
             self.guest_attributes[(name, worker)] = {("hostkeys", "ssh-ed25519"): host_key}
         self._grant_ssh_keys(node)
         script = node.get("metadata", {}).get("startup-script")
         if script and self.boot is not None:
-            for worker in range(len(self.workers)):
+            for worker in range(per_node):
                 env = {"METADATA_URL": self.metadata_url(name, worker)}
-                thread = threading.Thread(target=self.boot, args=(worker, script, env))
+                thread = threading.Thread(target=self.boot, args=(first + worker, script, env))
                 thread.start()
                 self.boots.append(thread)
         return node
@@ -263,10 +274,10 @@ class StandIn:
             self.authorized_keys.write_text("\n".join(keys) + "\n", encoding="utf-8")
 
     def _guest(self, request: Request, project: str, zone: str, name: str) -> Any:
-        self._get_node(request, project, zone, name)
         query_path = (request.body or {}).get("queryPath", "")
         wanted = [w for w in (request.body or {}).get("workerIds", []) if w != ""]
-        workers = [int(w) for w in wanted] or range(len(self.workers))
+        node = self._get_node(request, project, zone, name)
+        workers = [int(w) for w in wanted] or range(len(node["networkEndpoints"]))
         answer = []
         for worker in workers:
             items = [
@@ -292,12 +303,27 @@ class StandIn:
 
     # -- queued resources --------------------------------------------------------------
 
+    @staticmethod
+    def _spec_nodes(name: str, body: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+        """The nodes a queued resource asks for: a nodeId each, or a multislice's N nodes."""
+        nodes = []
+        for spec in body.get("tpu", {}).get("nodeSpec", []):
+            if "nodeId" in spec:
+                nodes.append((spec["nodeId"], spec.get("node", {})))
+                continue
+            params = spec.get("multisliceParams", {})
+            count, prefix = int(params.get("nodeCount", 0)), params.get("nodeIdPrefix") or name
+            if count < 2:
+                raise ApiError(HTTPStatus.BAD_REQUEST, "nodeId or nodeCount > 1 is required")
+            nodes += [(f"{prefix}-{index}", spec.get("node", {})) for index in range(count)]
+        return nodes
+
     def _create_queued(self, request: Request, project: str, zone: str) -> Any:
         name = request.query.get("queuedResourceId", [""])[0]
         full = f"projects/{project}/locations/{zone}/queuedResources/{name}"
         body = request.body or {}
-        for spec in body.get("tpu", {}).get("nodeSpec", []):
-            self._new_node(project, zone, spec["nodeId"], spec.get("node", {}))
+        for slot, (node_id, node) in enumerate(self._spec_nodes(name, body)):
+            self._new_node(project, zone, node_id, node, slot)
         resource = {**body, "name": full, "state": {"state": "ACTIVE"}}
         self.queued_resources[full] = resource
         return self._operation(project, zone, resource, QUEUED_TYPE)
@@ -310,13 +336,11 @@ class StandIn:
 
     def _delete_queued(self, request: Request, project: str, zone: str, name: str) -> Any:
         resource = self._get_queued(request, project, zone, name)
+        nodes = [self._node_name(project, zone, n) for n, _ in self._spec_nodes(name, resource)]
         if request.query.get("force", ["false"])[0].lower() == "true":
-            for spec in resource.get("tpu", {}).get("nodeSpec", []):
-                self.nodes.pop(self._node_name(project, zone, spec["nodeId"]), None)
-        elif any(
-            self._node_name(project, zone, spec["nodeId"]) in self.nodes
-            for spec in resource.get("tpu", {}).get("nodeSpec", [])
-        ):
+            for node in nodes:
+                self.nodes.pop(node, None)
+        elif any(node in self.nodes for node in nodes):
             raise ApiError(
                 HTTPStatus.BAD_REQUEST, "the queued resource has nodes: delete with force"
             )

@@ -73,7 +73,7 @@ def test_fsdp_keeps_tied_weights_one_parameter(fsdp_run: dict[str, Any]) -> None
 {%- if cookiecutter.example_task == "lm" %}
     assert ties["groups"] == [["embed.weight", "head.weight"]]
 {%- elif cookiecutter.example_task == "hf-causal-lm" %}
-    assert ties["groups"] == [["transformer.wte.weight", "lm_head.weight"]]
+    assert ties["groups"] == [["model.embed_tokens.weight", "lm_head.weight"]]
 {%- endif %}
 
 

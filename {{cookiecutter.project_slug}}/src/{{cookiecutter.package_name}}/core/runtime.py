@@ -17,6 +17,11 @@ from typing import Any
 
 from . import tpu_generations
 
+# How many slices the job spans and which one this worker is on (1 and 0 on one slice), as
+# the pod launcher set them for the TPU runtime: `core.multislice` says what they read.
+from .multislice import slice_count as slice_count
+from .multislice import slice_index as slice_index
+
 ACCELERATORS = ("auto", "tpu", "cpu")
 
 

@@ -1,8 +1,10 @@
 """The TPU generations this project knows, from one table: `tpu_generations.json`.
 
 Per generation: chips per host, devices per chip, the slice sizes Cloud TPU offers,
-runtime versions and zones (the first of each is the default) and the peak bf16
-FLOPs of one chip. `docs/tpu-generations.md` shows the same table with its sources.
+runtime versions and zones (the first of each is the default), the peak bf16
+FLOPs of one chip, and whether Cloud TPU joins several of its slices into one job over
+the data-center network (multislice). `docs/tpu-generations.md` shows the same table
+with its sources.
 An accelerator type is GENERATION-SIZE; the size counts TensorCores, which is the
 chip count on generations with one TensorCore per chip (v5e, v6e).
 """
@@ -38,6 +40,7 @@ class Generation:
     runtime_versions: tuple[str, ...]
     zones: tuple[str, ...]
     peak_bf16_tflops_per_chip: float
+    multislice: bool
     source: str
 
     @classmethod
@@ -53,6 +56,7 @@ class Generation:
             runtime_versions=tuple(entry["runtime_versions"]),
             zones=tuple(entry["zones"]),
             peak_bf16_tflops_per_chip=float(entry["peak_bf16_tflops_per_chip"]),
+            multislice=bool(entry["multislice"]),
             source=entry["source"],
         )
 

@@ -10,12 +10,15 @@ from typing import Any
 from torch import nn
 
 from . import HFConfigError, unwrap
+from .byte_tokenizer import BYTE_VOCAB, byte_tokenizer
 from .lora import is_lora
 
 
 def save_hf(model: nn.Module, tokenizer: Any, out: Path, max_shard_size: str = "5GB") -> None:
     """Write `model` (a transformers model, or a peft model: its adapter alone) to `out`.
 
+    With the model's tokenizer; a model of a byte vocabulary and no tokenizer gets the
+    byte tokenizer its ids mean.
     Written into a scratch folder beside `out` and moved into place when whole, so an
     interrupted export leaves nothing that looks like a model. An existing, non-empty
     `out` is refused rather than overwritten.
@@ -36,6 +39,8 @@ def save_hf(model: nn.Module, tokenizer: Any, out: Path, max_shard_size: str = "
         else:
             inner.config.use_cache = True  # training turned it off; generation wants it
             inner.save_pretrained(str(partial), max_shard_size=max_shard_size)
+        if tokenizer is None and inner.config.vocab_size == BYTE_VOCAB:
+            tokenizer = byte_tokenizer()
         if tokenizer is not None:
             tokenizer.save_pretrained(str(partial))
         if out.exists():

@@ -57,6 +57,13 @@ class LoraSettings:
             )
         return settings
 
+    def check_precision(self, precision: str) -> None:
+        if self.base_bf16 and precision != "bf16-mixed":
+            raise HFConfigError(
+                f"lora.base_bf16 needs precision 'bf16-mixed' (autocast feeds the bf16 base), "
+                f"not {precision!r}; under bf16-true every weight is bf16 already"
+            )
+
 
 def apply_lora(model: nn.Module, settings: LoraSettings, precision: str) -> nn.Module:
     """The model with LoRA adapters on its target modules and every other weight frozen."""
@@ -66,11 +73,7 @@ def apply_lora(model: nn.Module, settings: LoraSettings, precision: str) -> nn.M
         raise HFConfigError(
             "lora needs peft: pip install -e '.[hf]' (or pip install peft)"
         ) from None
-    if settings.base_bf16 and precision != "bf16-mixed":
-        raise HFConfigError(
-            f"lora.base_bf16 needs precision 'bf16-mixed' (autocast feeds the bf16 base), "
-            f"not {precision!r}; under bf16-true every weight is bf16 already"
-        )
+    settings.check_precision(precision)
     targets: Any = settings.target_modules
     config = LoraConfig(
         r=settings.rank,

@@ -12,6 +12,7 @@ is a traced graph too: `static_masks()` makes transformers' mask code say so.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +22,10 @@ _PATCHED = "_xla_static_masks"
 
 
 def _xla_aware(is_tracing: Callable[..., bool]) -> Callable[..., bool]:
+    @functools.wraps(is_tracing)  # keeps transformers' own check as __wrapped__
     def traced(tensor: Any = None) -> bool:
-        if isinstance(tensor, torch.Tensor) and tensor.device.type == "xla":
+        # Meta tensors (FLOPs are counted on the meta device) have no values to read either.
+        if isinstance(tensor, torch.Tensor) and tensor.device.type in ("xla", "meta"):
             return True
         return bool(is_tracing(tensor))
 

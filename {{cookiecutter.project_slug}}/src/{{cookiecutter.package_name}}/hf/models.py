@@ -8,6 +8,7 @@ project trains next-token predictors.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,11 +111,10 @@ def decoder_config(architecture: str, sizes: Sizes) -> Any:
     return config
 
 
-def build_decoder(architecture: str, sizes: Sizes) -> nn.Module:
+def build_decoder(config: Any) -> nn.Module:
     """A freshly initialised decoder (weights from torch's generator: seed it first)."""
     from transformers import AutoModelForCausalLM
 
-    config = decoder_config(architecture, sizes)
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")  # type: ignore[no-any-return]
 
 
@@ -145,10 +145,17 @@ def pretrained_config(name: str) -> Any:
 
 
 def load_decoder(name: str) -> nn.Module:
-    """A pretrained decoder from the local cache or a save_pretrained directory."""
+    """A pretrained decoder from the local cache or a save_pretrained directory.
+
+    transformers' loading bar is shown on a terminal only: in logs and captured output it
+    is noise between the run's own lines.
+    """
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
 
     pretrained_config(name)
+    if not sys.stderr.isatty():
+        logging.disable_progress_bar()
     try:
         return AutoModelForCausalLM.from_pretrained(  # type: ignore[no-any-return]
             name, local_files_only=True, attn_implementation="sdpa"

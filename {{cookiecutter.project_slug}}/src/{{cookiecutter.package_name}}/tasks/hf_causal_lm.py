@@ -28,12 +28,19 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..hf import HFConfigError
-from ..hf.models import Sizes, build_decoder, load_decoder, load_tokenizer, pretrained_config
+from ..hf.byte_tokenizer import BYTE_VOCAB
+from ..hf.models import (
+    Sizes,
+    build_decoder,
+    decoder_config,
+    load_decoder,
+    load_tokenizer,
+    pretrained_config,
+)
 from ._corpus import TextSplits, text_splits, token_loss, token_metrics
 
 Batch = dict[str, torch.Tensor]
 
-BYTE_VOCAB = 256  # the default vocabulary: bytes, no tokenizer needed
 # Options that shape a model built from a config; a pretrained model brings its own.
 ARCHITECTURE_OPTIONS = ("architecture", "dim", "layers", "heads", "kv_heads", "mlp_dim",
                         "dropout", "tie_embeddings")  # fmt: skip
@@ -58,11 +65,11 @@ class HFCausalLMTask:
 
     def __post_init__(self) -> None:
         self.tokenizer: Any = None
-        if self.model_name:
+        if self.model_name:  # checked before any data is read
             self.config = pretrained_config(self.model_name)
             self.tokenizer = load_tokenizer(self.model_name)
         else:
-            self.config = None  # built with the model: see build_model
+            self.config = decoder_config(self.architecture, self.sizes)
         positions = getattr(self.config, "max_position_embeddings", None)
         if positions is not None and self.seq_len > positions:
             raise HFConfigError(
@@ -85,7 +92,7 @@ class HFCausalLMTask:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.config.vocab_size) if self.config is not None else BYTE_VOCAB
+        return int(self.config.vocab_size)
 
     @property
     def sizes(self) -> Sizes:
@@ -101,7 +108,7 @@ class HFCausalLMTask:
     def build_model(self) -> nn.Module:
         if self.model_name:
             return load_decoder(self.model_name)
-        return build_decoder(self.architecture, self.sizes)
+        return build_decoder(self.config)
 
     def train_dataset(self) -> Dataset[Batch]:
         return self.splits.train

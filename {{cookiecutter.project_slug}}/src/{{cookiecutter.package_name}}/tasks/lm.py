@@ -18,9 +18,21 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..core.layers import BlockStack
+from ..core.sharding import Rule
 from ._corpus import TextSplits, text_splits, token_loss, token_metrics
 
 VOCAB = 256  # bytes: every text has a vocabulary, no tokenizer needed
+# Tensor parallelism for the blocks (Megatron's layout): attention's qkv and the first MLP
+# layer split their outputs over `tensor`, the layers after them their inputs, so each
+# block needs one all-reduce. Other weights follow the fsdp rule.
+SHARDING_RULES = [
+    Rule("blocks.*.attn.qkv.weight", ("tensor", "fsdp")),
+    Rule("blocks.*.attn.qkv.bias", ("tensor",)),
+    Rule("blocks.*.attn.out.weight", ("fsdp", "tensor")),
+    Rule("blocks.*.mlp.0.weight", ("tensor", "fsdp")),
+    Rule("blocks.*.mlp.0.bias", ("tensor",)),
+    Rule("blocks.*.mlp.2.weight", ("fsdp", "tensor")),
+]
 
 
 class CausalSelfAttention(nn.Module):
@@ -33,7 +45,9 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, dim = x.shape
-        q, k, v = self.qkv(x).view(batch, length, 3, self.heads, dim // self.heads).unbind(2)
+        # Head-major ([heads, q/k/v, head_dim]): split over `tensor`, each device keeps
+        # whole heads with their own q, k and v.
+        q, k, v = self.qkv(x).view(batch, length, self.heads, 3, dim // self.heads).unbind(3)
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
@@ -80,6 +94,7 @@ class CharGPT(nn.Module):
 class LanguageModelTask:
     name = "lm"
     block_class = Block
+    sharding_rules = SHARDING_RULES
     data: str = ""
     seq_len: int = 64
     dim: int = 128
@@ -108,6 +123,15 @@ class LanguageModelTask:
     @property
     def tokens_per_sample(self) -> int:
         return self.seq_len
+
+    def check_mesh(self, axes: dict[str, int]) -> None:
+        """Each device must hold whole attention heads."""
+        tensor = axes.get("tensor", 1)
+        if self.heads % tensor:
+            raise ValueError(
+                f"tensor={tensor} does not divide the model's {self.heads} attention heads "
+                "(task option heads)"
+            )
 
     def build_model(self) -> nn.Module:
         return CharGPT(self.seq_len, self.dim, self.layers, self.heads, self.dropout)

@@ -60,6 +60,8 @@ class TrainConfig:
     metrics_report: bool = False
     task_options: dict[str, Any] = field(default_factory=dict)
     lora: dict[str, Any] = field(default_factory=dict)  # empty: full training (see lora.py)
+    # [[pattern, [axis or null per dimension]], ...]: parameter layouts over the mesh
+    sharding_rules: list[Any] = field(default_factory=list)
 
     def validate(self) -> TrainConfig:
         """Raise ConfigError for values no run can use."""
@@ -115,6 +117,14 @@ class TrainConfig:
         local = self.data and not self.data.startswith("hf:") and "://" not in self.data
         if local and not Path(self.data).exists():
             raise ConfigError(f"data path {self.data!r} does not exist")
+        if self.lora:
+            from ..hf import HFConfigError
+            from ..hf.lora import LoraSettings
+
+            try:
+                LoraSettings.from_dict(self.lora).check_precision(self.precision)
+            except HFConfigError as error:
+                raise ConfigError(str(error)) from None
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -151,11 +161,12 @@ def _kind(key: str) -> type:
 
 def _coerce(key: str, value: Any) -> Any:
     kind = _kind(key)
-    if kind is dict:
+    if kind in (dict, list):
         if isinstance(value, str):
-            value = parse_value(value)  # an inline table from the command line: {seq_len = 32}
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key} must be a table, got {value!r}")
+            value = parse_value(value)  # TOML from the command line: {seq_len = 32}, [...]
+        if not isinstance(value, kind):
+            what = "a table" if kind is dict else "a list"
+            raise ConfigError(f"{key} must be {what}, got {value!r}")
         return value
     try:
         if kind is bool:

@@ -108,11 +108,12 @@ class Evaluator:
 def evaluate_checkpoint(config: TrainConfig, plan: Plan, path: str) -> dict[str, float]:
     """A checkpoint's eval metrics under any plan: no optimizer, no training data."""
     from .checkpoint import load_weights
-    from .model import build_model, unscanned
+    from .model import build_model, sharding_rules, unscanned
 
     precision = Precision.from_name(config.precision)
     task = load_task(config.task, config.data, config.task_options)
     model = build_model(task, unscanned(config))  # as the run built it (a LoRA base too)
-    model, _ = plan.strategy.setup_model(model, block_class(task, model))
+    rules = sharding_rules(task, model, config, plan.strategy)
+    model, _ = plan.strategy.setup_model(model, block_class(task, model), rules=rules)
     load_weights(path, plan.strategy, model)  # resharded to this strategy's layout
     return Evaluator(task, plan.strategy, precision, config)(model)

@@ -17,7 +17,7 @@ from .config import ConfigError, TrainConfig
 from .data import training_data
 from .diagnostics import Diagnostics
 from .evaluation import Evaluator
-from .model import build_model, describe_parameters
+from .model import build_model, describe_parameters, parameter_counts, sharding_rules
 from .optim import build_optimizer, build_scheduler
 from .reporting import Reporter
 from .state import Progress
@@ -78,7 +78,8 @@ def fit(
     ops.set_rng_state(cfg.seed)
     blocks = block_class(task, model)
     checkpointed = cfg.activation_checkpointing and not cfg.scan_layers
-    model, ties = strategy.setup_model(model, blocks, checkpointed)
+    rules = sharding_rules(task, model, cfg, strategy)
+    model, ties = strategy.setup_model(model, blocks, checkpointed, rules)
     optimizer = build_optimizer(model, cfg, task)  # after the move: it holds device tensors
     ops.prime_optimizer_state(optimizer)
     strategy.place_optimizer_state(optimizer)
@@ -119,7 +120,8 @@ def fit(
     state_bytes = memory.state_memory(model, optimizer)
     reporter.line(f"{strategy.describe()}; global batch {global_batch}, {precision.name}")
     reporter.line(ties.describe())
-    reporter.line(describe_parameters(model))
+    parameters = parameter_counts(model)
+    reporter.line(describe_parameters(parameters))
     reporter.line(memory.describe(state_bytes, memory.device_peak_bytes(runtime.device())))
     if resume_from is not None:
         reporter.line(
@@ -232,6 +234,7 @@ def fit(
         "precision": precision.name,
         "global_batch": global_batch,
         "tied_parameters": ties.to_dict(),
+        "parameters": parameters,
         "compile_cache": ops.compile_cache_use(cache),
         "memory": {**state_bytes, "device_peak_bytes": memory.device_peak_bytes(runtime.device())},
         "run_dir": str(cfg.run_dir),

@@ -8,8 +8,9 @@ import dataclasses
 from torch import nn
 
 from .. import hf
-from ..core import Precision, ops
+from ..core import Precision, RuntimeConfigError, Strategy, ops
 from ..core.layers import enable_scan
+from ..core.sharding import Rule, parse_rules
 from ..tasks import Task
 from .config import ConfigError, TrainConfig
 
@@ -41,17 +42,49 @@ def build_model(task: Task, config: TrainConfig, model: nn.Module | None = None)
     return model
 
 
+def sharding_rules(
+    task: Task, model: nn.Module, config: TrainConfig, strategy: Strategy
+) -> list[Rule]:
+    """How parameters are laid out over the mesh, first match wins: the config's
+    `sharding_rules`, the task's `sharding_rules`, then a Hugging Face model's own
+    tensor-parallel plan when the mesh has a `tensor` axis."""
+    written = parse_rules(config.sharding_rules, "sharding_rules")
+    if written and not strategy.lays_out_parameters:
+        raise RuntimeConfigError(
+            "sharding_rules lay parameters out over a device mesh: use --strategy fsdp or spmd"
+        )
+    if not strategy.lays_out_parameters:
+        return []
+    rules = written + parse_rules(getattr(task, "sharding_rules", ()), f"task {task.name!r}")
+    check = getattr(task, "check_mesh", None)
+    if callable(check):
+        check(strategy.mesh_axes())
+    tensor = strategy.mesh_axes().get("tensor", 1)
+    if tensor > 1 and hf.is_hf_model(model):
+        from ..hf.tensor_parallel import tensor_parallel_rules
+
+        rules += tensor_parallel_rules(model, tensor)
+    return rules
+
+
 def unscanned(config: TrainConfig) -> TrainConfig:
     """The config with scan_layers off: checkpoints hold per-block names, so a scanned
     run's weights load into the unrolled model any strategy can run."""
     return dataclasses.replace(config, scan_layers=False)
 
 
-def describe_parameters(model: nn.Module) -> str:
+def parameter_counts(model: nn.Module) -> dict[str, int]:
+    """Trainable and total parameters (elements; a tied tensor counts once)."""
+    params = list(model.parameters())  # distinct tensors
+    return {
+        "trainable": sum(p.numel() for p in params if p.requires_grad),
+        "total": sum(p.numel() for p in params),
+    }
+
+
+def describe_parameters(counts: dict[str, int]) -> str:
     """One line for the start-of-run report: trainable against total parameters."""
-    seen: dict[int, nn.Parameter] = {id(p): p for p in model.parameters()}
-    total = sum(p.numel() for p in seen.values())
-    trainable = sum(p.numel() for p in seen.values() if p.requires_grad)
+    trainable, total = counts["trainable"], counts["total"]
     share = 100.0 * trainable / max(total, 1)
     return f"parameters: {_count(trainable)} trainable of {_count(total)} ({share:.2f}%)"
 

@@ -11,7 +11,8 @@ from ..runtime import RuntimeConfigError
 from .base import CPU_EMULATED_DEVICES, SingleDevice, Strategy, blocks_of
 from .ddp import DataParallelProcesses
 from .fsdp import FullyShardedDataParallel
-from .spmd import SpmdDataParallel, parse_mesh
+from ..sharding import parse_mesh
+from .spmd import SpmdDataParallel
 
 __all__ = [
     "CHOICES",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -10,6 +10,7 @@ from torch import nn
 
 from .. import runtime, tying
 from ..runtime import RuntimeConfigError
+from ..sharding import Rule
 
 # XLA:CPU emulates this many devices when `--devices all` is asked for off-TPU.
 CPU_EMULATED_DEVICES = 8
@@ -23,6 +24,8 @@ class Strategy:
     """
 
     name: ClassVar[str] = "single"
+    # Whether parameters are laid out over a mesh by sharding rules (spmd, fsdp).
+    lays_out_parameters: ClassVar[bool] = False
 
     def __init__(self, accelerator: str, devices: int | None, core: int | None = None) -> None:
         self.accelerator = accelerator
@@ -99,6 +102,10 @@ class Strategy:
         """Devices one process feeds: the per-process batch is this x the per-device batch."""
         return 1
 
+    def mesh_axes(self) -> dict[str, int]:
+        """The device mesh's axes and sizes (none for one device or one per process)."""
+        return {}
+
     def input_sharding(self, sample: Any) -> Any:
         """How a batch shaped like `sample` is laid out over the devices (None: one device)."""
         return None
@@ -109,8 +116,12 @@ class Strategy:
         model: nn.Module,
         block_class: type[nn.Module] | None = None,
         activation_checkpointing: bool = False,
+        rules: Sequence[Rule] = (),
     ) -> tuple[nn.Module, tying.TieReport]:
-        """Move the model to the device, keep its ties, and place it; return what trains."""
+        """Move the model to the device, keep its ties, and place it; return what trains.
+
+        `rules` lay parameters out over a mesh; one device has none to lay them out on.
+        """
         report = tying.move_and_retie(model, runtime.device())
         if activation_checkpointing:
             checkpoint_blocks(model, block_class)

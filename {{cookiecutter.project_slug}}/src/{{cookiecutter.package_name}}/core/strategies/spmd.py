@@ -1,12 +1,13 @@
 """spmd: one process per host drives every local device over a device mesh.
 
-The model is replicated and each batch is split over the `data` axis. The mesh, its
-validation and the input layout are shared with `fsdp` (see fsdp.py).
+Parameters are laid out by the sharding rules (`core/sharding.py`): with only a `data`
+axis every parameter is replicated and each batch is split (data parallel); a `tensor`
+axis splits the matrices the rules name. `fsdp` (fsdp.py) is the same with an `fsdp` axis.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -14,42 +15,26 @@ from torch import nn
 
 from .. import runtime, tying
 from ..runtime import RuntimeConfigError
-from .base import CPU_EMULATED_DEVICES, Strategy
-
-# Mesh axes this project shards over, in mesh order.
-AXES = ("data", "fsdp")
-
-MeshShape = tuple[tuple[str, int], ...]
-
-
-def parse_mesh(text: str) -> MeshShape:
-    """Parse `fsdp=8` or `data=2,fsdp=4` into ordered (axis, size) pairs."""
-    pairs: list[tuple[str, int]] = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        axis, sep, size = item.partition("=")
-        axis = axis.strip()
-        if not sep or not size.strip().isdigit() or int(size) < 1:
-            raise RuntimeConfigError(
-                f"mesh entry {item!r} must look like axis=size with a positive size "
-                "(e.g. mesh='data=2,fsdp=4')"
-            )
-        if axis not in AXES:
-            raise RuntimeConfigError(f"unknown mesh axis {axis!r}: the axes are {', '.join(AXES)}")
-        if axis in dict(pairs):
-            raise RuntimeConfigError(f"mesh axis {axis!r} is given twice")
-        pairs.append((axis, int(size)))
-    return tuple(sorted(pairs, key=lambda pair: AXES.index(pair[0])))
-
-
-def mesh_text(shape: MeshShape) -> str:
-    return ",".join(f"{axis}={size}" for axis, size in shape)
+from ..sharding import (
+    BATCH_AXES,
+    MeshShape,
+    Rule,
+    Spec,
+    layout,
+    mesh_devices,
+    mesh_text,
+    parse_mesh,
+)
+from .base import CPU_EMULATED_DEVICES, Strategy, blocks_of, checkpoint_blocks
 
 
 class SpmdDataParallel(Strategy):
-    """Data parallel under SPMD: the model replicated, the batch sharded over `data`."""
+    """Data parallel under SPMD: the model replicated (but for what rules split), the batch
+    sharded over the batch axes."""
 
     name = "spmd"
     sharded_axis = "data"  # the axis that must exist when a mesh is given
+    lays_out_parameters = True
 
     def __init__(
         self, accelerator: str, devices: int | None, core: int | None = None, mesh: str = ""
@@ -57,6 +42,7 @@ class SpmdDataParallel(Strategy):
         super().__init__(accelerator, devices, core)
         self.mesh_request = parse_mesh(mesh)
         self._mesh: Any = None
+        self.specs: dict[int, Spec] = {}  # id(parameter) -> its layout
 
     @classmethod
     def create(
@@ -101,9 +87,7 @@ class SpmdDataParallel(Strategy):
 
     def check_mesh_size(self, devices: int) -> None:
         """Refuse a mesh whose size is not the job's device count."""
-        size = 1
-        for _, axis_size in self.mesh_request:
-            size *= axis_size
+        size = mesh_devices(self.mesh_request)
         if self.mesh_request and size != devices:
             raise RuntimeConfigError(
                 f"mesh {mesh_text(self.mesh_request)!r} has {size} devices but the job has "
@@ -126,10 +110,13 @@ class SpmdDataParallel(Strategy):
             )
         return self._mesh
 
+    def mesh_axes(self) -> dict[str, int]:
+        return dict(self.mesh_shape())
+
     def batch_axes(self) -> Any:
-        """The mesh axes a batch's first dimension is split over."""
-        axes = tuple(axis for axis, _ in self.mesh_shape())
-        return axes[0] if len(axes) == 1 else axes
+        """The mesh axes a batch's first dimension is split over (None: not split)."""
+        axes = tuple(axis for axis, size in self.mesh_shape() if axis in BATCH_AXES)
+        return None if not axes else axes[0] if len(axes) == 1 else axes
 
     def describe(self) -> str:
         return f"{super().describe()}, mesh {mesh_text(self.mesh_shape())}"
@@ -149,9 +136,16 @@ class SpmdDataParallel(Strategy):
         import torch_xla.distributed.spmd as xs
 
         multi_host = runtime.process_count() > 1
+        every_axis = tuple(axis for axis, _ in self.mesh_shape())
+        partial = any(axis not in BATCH_AXES for axis in every_axis)
 
         def spec(tensor: torch.Tensor) -> Any:
             dims = (self.batch_axes(),) + (None,) * (tensor.dim() - 1)
+            if tensor.dim() == 1 and partial:
+                # torch_xla 2.9's ShardingSpec cannot replicate a 1-D tensor over the other
+                # axes ("too many indices for tensor of dimension 1"): split it over all of
+                # them instead; XLA moves the few values where they are used.
+                dims = (every_axis,)
             return xs.ShardingSpec(self.mesh(), dims, minibatch=multi_host)
 
         if isinstance(sample, Mapping):
@@ -168,11 +162,46 @@ class SpmdDataParallel(Strategy):
         model: nn.Module,
         block_class: type[nn.Module] | None = None,
         activation_checkpointing: bool = False,
+        rules: Sequence[Rule] = (),
     ) -> tuple[nn.Module, tying.TieReport]:
-        model, report = super().setup_model(model, block_class, activation_checkpointing)
-        for param in model.parameters():
-            self.replicate(param)
+        """Move the model, lay every parameter out by the rules, and where parameters are
+        split, pin each block's output to the batch layout."""
+        report = tying.move_and_retie(model, runtime.device())
+        if activation_checkpointing:
+            checkpoint_blocks(model, block_class)
+        self.place_parameters(model, rules)
+        if any(any(entry is not None for entry in spec) for spec in self.specs.values()):
+            for module in [*blocks_of(model, block_class), model]:
+                self._constrain(module)
         return model, report
+
+    def place_parameters(self, model: nn.Module, rules: Sequence[Rule] = ()) -> None:
+        """Mark every parameter with its layout (rules, else the strategy's default)."""
+        import torch_xla.distributed.spmd as xs
+
+        names: dict[int, list[str]] = {}
+        params: dict[int, nn.Parameter] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(param), []).append(name)  # a tied parameter has several
+            params[id(param)] = param
+        shapes = {key: tuple(param.shape) for key, param in params.items()}
+        self.specs = layout(names, shapes, rules, self.mesh_axes())
+        for key, spec in self.specs.items():
+            xs.mark_sharding(params[key], self.mesh(), spec)
+
+    def _constrain(self, module: nn.Module) -> None:
+        """Keep `module`'s output split over the batch axes (whole over `tensor`), and put an
+        optimization barrier before its gradients are reduced, as FSDPv2 does per block."""
+        import torch_xla.distributed.spmd as xs
+
+        def pin(_: nn.Module, inputs: Any, output: Any) -> None:
+            tensor = _first_tensor(output)
+            if tensor is not None and tensor.dim() > 0:
+                spec = (self.batch_axes(),) + (None,) * (tensor.dim() - 1)
+                xs.mark_sharding(tensor, self.mesh(), spec)
+
+        module.register_forward_hook(pin)
+        xs.apply_backward_optimization_barrier(module)
 
     def check_scan(self) -> None:
         import importlib.util
@@ -184,16 +213,21 @@ class SpmdDataParallel(Strategy):
                 "without it use --strategy single, or scan_layers = false"
             )
 
-    def replicate(self, tensor: torch.Tensor) -> None:
+    def place_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        """Lay each state tensor out like its parameter (a moment shaped like it), else whole.
+
+        Left unannotated, the partitioner picks the state's layout on the first step and the
+        second step, seeing inputs laid out differently, compiles again.
+        """
         import torch_xla.distributed.spmd as xs
 
-        xs.mark_sharding(tensor, self.mesh(), (None,) * tensor.dim())
-
-    def place_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
-        # Left unannotated, the partitioner picks the state's layout on the first step
-        # and the second step, seeing inputs laid out differently, compiles again.
-        for tensor in state_tensors(optimizer):
-            self.replicate(tensor)
+        for param, state in optimizer.state.items():
+            spec = self.specs.get(id(param))
+            for value in state.values():
+                if not (torch.is_tensor(value) and value.device.type == "xla" and value.dim()):
+                    continue
+                same = spec is not None and value.shape == param.shape
+                xs.mark_sharding(value, self.mesh(), spec if same else (None,) * value.dim())
 
     # ---- collectives ------------------------------------------------------------------
     def processes(self) -> int:
@@ -209,11 +243,15 @@ class SpmdDataParallel(Strategy):
             runtime.host_barrier()
 
 
-def state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The optimizer's per-parameter state tensors that live on the XLA device."""
-    return [
-        value
-        for state in optimizer.state.values()
-        for value in state.values()
-        if torch.is_tensor(value) and value.device.type == "xla" and value.dim() > 0
-    ]
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    """The main tensor of a module's output: itself, the first of a tuple, or `logits`."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping):
+        logits = output.get("logits")
+        if isinstance(logits, torch.Tensor):
+            return logits
+        output = tuple(output.values())
+    if isinstance(output, (list, tuple)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return None

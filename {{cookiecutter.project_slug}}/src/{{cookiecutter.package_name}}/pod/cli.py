@@ -1,17 +1,18 @@
-"""The `pod` commands (run, sync, train, kill, status): the same command on every TPU worker."""
+"""The `pod` commands (run, sync, train, kill, status, nodes): one command on every worker of
+every slice of a TPU."""
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
-from . import pod
-from .core.runtime import RuntimeConfigError, topology
+from . import commands
+from .launch import Launch, fail, launcher, legacy_launcher
+from .slices import Host, nodes, requested_slices
+from .target import PodError, make_target
 
 pod_app = typer.Typer(
     no_args_is_help=True,
@@ -32,10 +33,16 @@ Zone = Annotated[str, typer.Option(help="Zone of the TPU.")]
 Project = Annotated[str, typer.Option(help="Google Cloud project (empty: gcloud's default).")]
 Gcloud = Annotated[str, typer.Option(envvar="GCLOUD", help="The gcloud command to use.")]
 Workers = Annotated[
-    int | None, typer.Option(help="Worker count (default: from describe, else the type).")
+    int | None,
+    typer.Option(help="Workers of each slice (default: from describe, else the type)."),
+]
+Slices = Annotated[
+    str,
+    typer.Option(help="Slices (make: SLICES): N > 1 reaches the nodes NAME-0 ... NAME-(N-1)."),
 ]
 AcceleratorType = Annotated[
-    str, typer.Option(help="Accelerator type, for the worker count when describe fails.")
+    str,
+    typer.Option(help="Accelerator type: the worker count when describe fails; checks --slices."),
 ]
 BatchSize = Annotated[int, typer.Option(help="ssh connections opened at a time.")]
 Envs = Annotated[
@@ -47,114 +54,6 @@ RemotePython = Annotated[str, typer.Option("--python", help="Python on the worke
 Rest = Annotated[list[str] | None, typer.Argument(help="After `--`: passed through.")]
 
 
-def fail(message: str) -> NoReturn:
-    """One clear line on stderr and exit code 2 (a usage error)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-class Launch:
-    """The settings every pod command shares, validated once."""
-
-    def __init__(
-        self,
-        tpu: str,
-        zone: str,
-        project: str,
-        gcloud: str,
-        workers: int | None,
-        accelerator_type: str,
-        batch_size: int,
-        dry_run: bool,
-    ) -> None:
-        try:
-            self.target = pod.make_target(tpu, zone, project, gcloud)
-        except pod.PodError as error:
-            fail(str(error))
-        if (workers is not None and workers < 1) or batch_size < 1:
-            fail("--workers and --batch-size must be positive")
-        self.batch_size = batch_size
-        self.dry_run = dry_run
-        self.workers = workers or self._count(accelerator_type)
-
-    def _count(self, accelerator_type: str) -> int:
-        try:
-            if self.dry_run:
-                if not accelerator_type:
-                    raise pod.PodError("--dry-run needs --workers N or --accelerator-type TYPE")
-                return topology(accelerator_type).hosts
-            return pod.worker_count(self.target, accelerator_type)
-        except (pod.PodError, RuntimeConfigError) as error:
-            fail(str(error))
-
-    def run(self, command: str, fail_fast: bool = True) -> pod.Outcome:
-        """Run a shell line on every worker (or print the ssh commands)."""
-        if self.dry_run:
-            for worker in range(self.workers):
-                typer.echo(shlex.join(self.target.ssh(worker, command)))
-            return pod.Outcome({w: 0 for w in range(self.workers)})
-        try:
-            return pod.run_on_workers(
-                self.target, command, self.workers, self.batch_size, fail_fast=fail_fast
-            )
-        except pod.PodError as error:
-            fail(str(error))
-
-    def copy(self, sources: list[str], destination: str) -> pod.Outcome:
-        """Copy local paths to every worker (or print the scp commands)."""
-        if self.dry_run:
-            for worker in range(self.workers):
-                typer.echo(shlex.join(self.target.scp(worker, sources, destination)))
-            return pod.Outcome({w: 0 for w in range(self.workers)})
-        try:
-            return pod.copy_to_workers(
-                self.target, sources, destination, self.workers, self.batch_size
-            )
-        except pod.PodError as error:
-            fail(str(error))
-
-    def finish(self, outcome: pod.Outcome) -> None:
-        if not self.dry_run:
-            typer.echo(outcome.summary(), err=True)
-        raise typer.Exit(outcome.exit_code)
-
-
-def _env(envs: list[str] | None, accelerator: str = "tpu") -> dict[str, str]:
-    try:
-        return pod.forwarded_env(os.environ, accelerator, pod.parse_env_pairs(envs or []))
-    except pod.PodError as error:
-        fail(str(error))
-
-
-def _launcher() -> str:
-    """POD_LAUNCHER: `gcloud` (default), or `xla_dist` when this torch_xla still has it."""
-    choice = os.environ.get("POD_LAUNCHER", "gcloud")
-    if choice not in ("gcloud", "xla_dist"):
-        fail(f"unknown POD_LAUNCHER {choice!r}: use gcloud (default) or xla_dist")
-    if choice == "gcloud":
-        return choice
-    from .core.doctor import xla_dist_available, xla_version
-
-    if not xla_dist_available():
-        fail(
-            f"POD_LAUNCHER=xla_dist needs torch_xla.distributed.xla_dist, which torch_xla "
-            f"{xla_version() or '(not installed)'} does not have (it left with XRT after 2.0): "
-            "unset POD_LAUNCHER to launch through gcloud ssh"
-        )
-    return choice
-
-
-def _legacy_launcher(launch: Launch, command: list[str], env: dict[str, str], image: str) -> None:
-    """Hand the launch to xla_dist when POD_LAUNCHER=xla_dist (torch_xla <= 2.0 images)."""
-    if _launcher() == "gcloud":
-        return
-    argv = pod.xla_dist_command(launch.target, command, env, image)
-    if launch.dry_run:
-        typer.echo(shlex.join(argv))
-        raise typer.Exit(0)
-    raise typer.Exit(subprocess.run(argv, check=False).returncode)
-
-
 @pod_app.command("run")
 def run(
     tpu: Tpu = "",
@@ -163,6 +62,7 @@ def run(
     gcloud: Gcloud = "gcloud",
     workers: Workers = None,
     accelerator_type: AcceleratorType = "",
+    slices: Slices = "1",
     batch_size: BatchSize = 64,
     env: Envs = None,
     dry_run: DryRun = False,
@@ -171,11 +71,14 @@ def run(
     """Run a shell command on every worker; stop them all when one fails."""
     if not command:
         fail("no command: pod run [OPTIONS] -- COMMAND")
-    _launcher()
-    launch = Launch(tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run)
-    environment = _env(env)
-    _legacy_launcher(launch, ["bash", "-c", " ".join(command)], environment, "")
-    launch.finish(launch.run(pod.remote_command(" ".join(command), environment)))
+    launcher()
+    launch = Launch(
+        tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run, slices
+    )
+    env_of = launch.environments(env)
+    legacy_launcher(launch, ["bash", "-c", " ".join(command)], env_of, "")
+    line = " ".join(command)
+    launch.finish(launch.run(lambda host: commands.remote_command(line, env_of(host))))
 
 
 @pod_app.command("sync")
@@ -186,6 +89,7 @@ def sync(
     gcloud: Gcloud = "gcloud",
     workers: Workers = None,
     accelerator_type: AcceleratorType = "",
+    slices: Slices = "1",
     batch_size: BatchSize = 64,
     dry_run: DryRun = False,
     remote_dir: RemoteDir = REMOTE_DIR,
@@ -198,7 +102,9 @@ def sync(
     sources = [name for name in SYNC_PATHS if Path(name).exists()]
     if "src" not in sources:
         fail("run pod sync from the project directory (no src/ here)")
-    launch = Launch(tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run)
+    launch = Launch(
+        tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run, slices
+    )
     prepared = launch.run(f"mkdir -p {shlex.quote(remote_dir)}")
     if prepared.exit_code:
         launch.finish(prepared)
@@ -208,7 +114,8 @@ def sync(
         launch.finish(copied)
     if not install:
         launch.finish(copied)
-    launch.finish(launch.run(pod.remote_command(pod.install_command(python), {}, remote_dir)))
+    install_line = commands.remote_command(commands.install_command(python), {}, remote_dir)
+    launch.finish(launch.run(install_line))
 
 
 @pod_app.command("train")
@@ -219,6 +126,7 @@ def train(
     gcloud: Gcloud = "gcloud",
     workers: Workers = None,
     accelerator_type: AcceleratorType = "",
+    slices: Slices = "1",
     batch_size: BatchSize = 64,
     env: Envs = None,
     dry_run: DryRun = False,
@@ -239,20 +147,24 @@ def train(
     """Train on every worker at once (run `pod sync` first, or use --docker)."""
     if accelerator not in ("tpu", "cpu"):
         fail(f"unknown accelerator {accelerator!r}: choose tpu or cpu")
-    _launcher()
-    launch = Launch(tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run)
-    environment = _env(env, accelerator)
+    launcher()
+    launch = Launch(
+        tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run, slices
+    )
+    env_of = launch.environments(env, accelerator)
     cli_args = ["train", "--accelerator", accelerator, "--devices", devices, *(args or [])]
-    _legacy_launcher(launch, [python, "-m", PACKAGE, *cli_args], environment, docker)
-    if docker:
-        command = pod.docker_command(docker, environment, cli_args)
-    else:
-        line = pod.train_command(PACKAGE, python, accelerator, devices, args or [])
-        command = pod.remote_command(line, environment, remote_dir)
+    legacy_launcher(launch, [python, "-m", PACKAGE, *cli_args], env_of, docker)
+    line = commands.train_command(PACKAGE, python, accelerator, devices, args or [])
+
+    def command(host: Host) -> str:
+        if docker:
+            return commands.docker_command(docker, env_of(host), cli_args)
+        return commands.remote_command(line, env_of(host), remote_dir)
+
     outcome = launch.run(command)
     if outcome.exit_code and cleanup and not dry_run:
         typer.echo("pod: freeing the TPU on every worker", err=True)
-        launch.run(pod.kill_command(), fail_fast=False)
+        launch.run(commands.kill_command(), fail_fast=False)
     launch.finish(outcome)
 
 
@@ -264,18 +176,21 @@ def kill(
     gcloud: Gcloud = "gcloud",
     workers: Workers = None,
     accelerator_type: AcceleratorType = "",
+    slices: Slices = "1",
     batch_size: BatchSize = 64,
     dry_run: DryRun = False,
     device: Annotated[
         list[str] | None, typer.Option(help="Device file globs (default /dev/accel*, /dev/vfio/*).")
     ] = None,
     lockfile: Annotated[str, typer.Option(help="The libtpu lockfile to remove.")] = (
-        pod.LIBTPU_LOCKFILE
+        commands.LIBTPU_LOCKFILE
     ),
 ) -> None:
     """Free the TPU on every worker: stop the holders of its device files, drop the lockfile."""
-    launch = Launch(tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run)
-    command = pod.kill_command(lockfile, device or pod.DEVICE_PATTERNS)
+    launch = Launch(
+        tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run, slices
+    )
+    command = commands.kill_command(lockfile, device or commands.DEVICE_PATTERNS)
     launch.finish(launch.run(command, fail_fast=False))
 
 
@@ -287,16 +202,36 @@ def status(
     gcloud: Gcloud = "gcloud",
     workers: Workers = None,
     accelerator_type: AcceleratorType = "",
+    slices: Slices = "1",
     batch_size: BatchSize = 64,
     dry_run: DryRun = False,
     marker: Annotated[str, typer.Option(help="The startup script's completion marker.")] = MARKER,
     log: Annotated[str, typer.Option(help="The startup script's log.")] = STARTUP_LOG,
 ) -> None:
     """Tell which workers finished the startup script (exit 1 until all have)."""
-    launch = Launch(tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run)
-    outcome = launch.run(pod.status_command(marker, log), fail_fast=False)
+    launch = Launch(
+        tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run, slices
+    )
+    outcome = launch.run(commands.status_command(marker, log), fail_fast=False)
     if dry_run:
         raise typer.Exit(0)
     ready = sum(1 for code in outcome.codes.values() if code == 0)
     typer.echo(f"pod: {ready}/{len(outcome.codes)} workers ready", err=True)
     raise typer.Exit(0 if ready == len(outcome.codes) else 1)
+
+
+@pod_app.command("nodes")
+def list_nodes(
+    tpu: Tpu = "",
+    zone: Zone = ZONE,
+    project: Project = PROJECT,
+    accelerator_type: AcceleratorType = "",
+    slices: Slices = "1",
+) -> None:
+    """Print the TPU node of each slice; refuse a slice count the accelerator type cannot form."""
+    try:
+        target = make_target(tpu, zone, project, "gcloud")
+        for node in nodes(target, requested_slices(slices, accelerator_type)):
+            typer.echo(node.name)
+    except PodError as error:
+        fail(str(error))

@@ -1,0 +1,210 @@
+"""Sharding by rules: parameter name patterns -> partition specs over named mesh axes.
+
+A mesh names its axes `data` (replicas of the model, each on its share of the batch),
+`fsdp` (parameters, gradients and optimizer state split, gathered for use) and `tensor`
+(matrices split for good: each device computes its slice of every layer), outermost first:
+`fsdp=4,tensor=2` is 8 devices. A rule says how a parameter is laid out over them: one
+entry per dimension, an axis, several axes, or None (whole). `blocks.*.attn.qkv.weight ->
+("tensor", "fsdp")` splits the rows over `tensor` and the columns over `fsdp`. Patterns
+match the end of a parameter's name, `*` standing for one part (`layers.*.mlp.up_proj.weight`).
+Parameters no rule names follow the fsdp rule (their largest dimension over `fsdp`, as
+torch_xla's FSDPv2 lays them out), or stay whole on a mesh without `fsdp`.
+
+Nothing here imports torch_xla: the `plan` command and the checks before launch use it too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .runtime import RuntimeConfigError
+
+# Mesh axes this project shards over, outermost first. `tensor` is innermost: its
+# collectives run every layer, so it belongs on the fastest links.
+AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")  # a batch's first dimension is split over these
+
+MeshShape = tuple[tuple[str, int], ...]
+Entry = str | tuple[str, ...] | None
+Spec = tuple[Entry, ...]
+Key = TypeVar("Key")
+
+
+def parse_mesh(text: str) -> MeshShape:
+    """Parse `fsdp=8` or `data=2,fsdp=2,tensor=2` into ordered (axis, size) pairs."""
+    pairs: list[tuple[str, int]] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        axis, sep, size = item.partition("=")
+        axis = axis.strip()
+        if not sep or not size.strip().isdigit() or int(size) < 1:
+            raise RuntimeConfigError(
+                f"mesh entry {item!r} must look like axis=size with a positive size "
+                "(e.g. mesh='data=2,fsdp=4')"
+            )
+        if axis not in AXES:
+            raise RuntimeConfigError(f"unknown mesh axis {axis!r}: the axes are {', '.join(AXES)}")
+        if axis in dict(pairs):
+            raise RuntimeConfigError(f"mesh axis {axis!r} is given twice")
+        pairs.append((axis, int(size)))
+    return tuple(sorted(pairs, key=lambda pair: AXES.index(pair[0])))
+
+
+def mesh_text(shape: MeshShape) -> str:
+    return ",".join(f"{axis}={size}" for axis, size in shape)
+
+
+def mesh_devices(shape: MeshShape) -> int:
+    return math.prod(size for _, size in shape)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Parameters whose name ends like `pattern` are laid out as `spec`.
+
+    `required`: a rule someone wrote must name a parameter (else it is a typo); rules
+    derived from a model's own plan may name parts some variants lack (biases, q_norm).
+    """
+
+    pattern: str
+    spec: Spec
+    required: bool = True
+
+    def matches(self, name: str) -> bool:
+        wanted, parts = self.pattern.split("."), name.split(".")
+        if len(wanted) > len(parts):
+            return False
+        tail = parts[len(parts) - len(wanted) :]
+        return all(w == "*" or w == p for w, p in zip(wanted, tail, strict=True))
+
+    def axes(self) -> set[str]:
+        return {axis for entry in self.spec for axis in _axes_of(entry)}
+
+
+def _axes_of(entry: Entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def parse_rules(items: Iterable[Any], source: str) -> list[Rule]:
+    """Rules from `[[pattern, [axis or null, ...]], ...]` (a config file or a task)."""
+    rules = []
+    for item in items:
+        if isinstance(item, Rule):
+            rules.append(item)
+            continue
+        if not (isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], str)):
+            raise RuntimeConfigError(
+                f"{source}: a rule is [pattern, [axis or null per dimension]], got {item!r}"
+            )
+        pattern, spec = item
+        if not isinstance(spec, Sequence) or isinstance(spec, str):
+            raise RuntimeConfigError(f"{source}: rule {pattern!r} needs a list of axes, one per dim")
+        entries: list[Entry] = []
+        for entry in spec:
+            if entry in (None, "", "-", "none", "null"):
+                entries.append(None)
+            elif isinstance(entry, str):
+                entries.append(entry)
+            else:
+                entries.append(tuple(str(axis) for axis in entry))
+        rules.append(Rule(pattern, tuple(entries)))
+    for rule in rules:
+        unknown = sorted(rule.axes() - set(AXES))
+        if unknown:
+            raise RuntimeConfigError(
+                f"{source}: rule {rule.pattern!r} names unknown mesh axis {unknown[0]!r}: "
+                f"the axes are {', '.join(AXES)}"
+            )
+    return rules
+
+
+def fsdp_spec(shape: Sequence[int]) -> Spec:
+    """FSDPv2's layout: the largest dimension over `fsdp` (scalars whole)."""
+    if not shape:
+        return ()
+    spec: list[Entry] = [None] * len(shape)
+    spec[list(shape).index(max(shape))] = "fsdp"
+    return tuple(spec)
+
+
+def on_mesh(spec: Spec, mesh: Mapping[str, int]) -> Spec:
+    """The spec with axes the mesh lacks (or has at size 1) dropped."""
+    entries: list[Entry] = []
+    for entry in spec:
+        kept = tuple(axis for axis in _axes_of(entry) if mesh.get(axis, 1) > 1)
+        entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return tuple(entries)
+
+
+def layout(
+    parameters: Mapping[Key, Sequence[str]],
+    shapes: Mapping[Key, Sequence[int]],
+    rules: Sequence[Rule],
+    mesh: Mapping[str, int],
+) -> dict[Key, Spec]:
+    """Each parameter's spec on `mesh`: the first rule naming it (by any of its names),
+    else the fsdp rule where the mesh has `fsdp`, else whole. RuntimeConfigError names a
+    rule that matches nothing, a rank mismatch, or a tensor axis that does not divide.
+
+    `parameters` maps a parameter's key to all its names (tied parameters have several),
+    `shapes` the key to its shape.
+    """
+    used: set[int] = set()
+    specs: dict[Key, Spec] = {}
+    for key, names in parameters.items():
+        shape = tuple(shapes[key])
+        found = next(
+            ((i, r) for i, r in enumerate(rules) if any(r.matches(_plain(n)) for n in names)),
+            None,
+        )
+        if found is None:
+            spec = fsdp_spec(shape) if mesh.get("fsdp", 1) > 1 else (None,) * len(shape)
+        else:
+            index, rule = found
+            used.add(index)
+            if len(rule.spec) != len(shape):
+                raise RuntimeConfigError(
+                    f"rule {rule.pattern!r} gives {len(rule.spec)} dimension(s) but parameter "
+                    f"{names[0]!r} has {len(shape)} (shape {list(shape)})"
+                )
+            spec = rule.spec
+        specs[key] = on_mesh(spec, mesh)
+        _check_divides(names[0], shape, specs[key], mesh)
+    tensor = mesh.get("tensor", 1)
+    if tensor > 1 and not any("tensor" in _axes_of(e) for s in specs.values() for e in s):
+        raise RuntimeConfigError(
+            f"the mesh has tensor={tensor} but no rule splits a parameter over it: "
+            "give sharding_rules that use 'tensor', or drop the axis"
+        )
+    unused = [r.pattern for i, r in enumerate(rules) if r.required and i not in used]
+    if unused:
+        raise RuntimeConfigError(
+            f"sharding rule {unused[0]!r} matches no parameter of the model (names look like "
+            f"{next(iter(parameters.values()))[0]!r})"
+        )
+    return specs
+
+
+def _plain(name: str) -> str:
+    """A parameter's name as rules see it: without peft's `base_layer` inside a LoRA layer."""
+    return name.replace(".base_layer.", ".")
+
+
+def _check_divides(name: str, shape: Sequence[int], spec: Spec, mesh: Mapping[str, int]) -> None:
+    """Refuse a tensor split that cuts a dimension unevenly (fsdp pads; tensor must not)."""
+    for dim, entry in enumerate(spec):
+        axes = _axes_of(entry)
+        if "tensor" in axes and shape[dim] % mesh["tensor"]:
+            raise RuntimeConfigError(
+                f"tensor={mesh['tensor']} does not divide dimension {dim} ({shape[dim]}) of "
+                f"parameter {name!r}: choose a tensor size that divides it"
+            )
+
+
+def spec_text(spec: Spec) -> str:
+    """`(tensor, fsdp)` for reports."""
+    return "(" + ", ".join("+".join(_axes_of(e)) or "-" for e in spec) + ")"
