@@ -203,6 +203,10 @@ VISION = ["src/tpu_project/tasks/vision.py", "tests/test_task_vision.py", "confi
 HF = [
     "src/tpu_project/tasks/hf_causal_lm.py",
     "tests/test_task_hf_causal_lm.py",
+    "tests/test_hf_models.py",
+    "tests/test_lora.py",
+    "tests/test_hf_export.py",
+    "tests/hf_helpers.py",
     "configs/hf-causal-lm.toml",
 ]
 CORPUS = [
