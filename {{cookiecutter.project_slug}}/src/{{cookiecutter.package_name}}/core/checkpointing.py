@@ -154,7 +154,9 @@ class CheckpointStore:
     ) -> None:
         from torch_xla.experimental.distributed_checkpoint import CheckpointManager
 
-        from . import runtime
+        from . import checkpoint_planner, runtime
+
+        checkpoint_planner.install()  # every shard written once (see checkpoint_planner)
 
         group = runtime.host_group()  # the process group DCP coordinates the hosts over
         self.directory = directory

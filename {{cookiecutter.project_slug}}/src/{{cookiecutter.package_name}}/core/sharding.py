@@ -60,6 +60,29 @@ def mesh_devices(shape: MeshShape) -> int:
     return math.prod(size for _, size in shape)
 
 
+def over_slices(shape: MeshShape, slices: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The mesh split for several slices: (within a slice, across slices) sizes per axis.
+
+    The slices meet over the data-center network (DCN), far slower than the chips' own
+    links (ICI), so only the outermost axis crosses it: with `data=4,fsdp=8` over 2 slices
+    each slice holds `data=2,fsdp=8`, and the two slices are the data axis's other factor
+    of 2. Its collectives are one gradient reduction per step; fsdp's gathers and tensor's
+    all-reduces stay inside a slice.
+    """
+    sizes = [size for _, size in shape]
+    if slices == 1:
+        return tuple(sizes), (1,) * len(sizes)
+    axis, outer = shape[0]
+    if outer % slices:
+        raise RuntimeConfigError(
+            f"mesh {mesh_text(shape)!r} over {slices} slices: its outermost axis {axis!r} "
+            f"({outer}) must be a multiple of {slices}, the only axis that crosses the "
+            f"data-center network (e.g. mesh 'data={slices},{mesh_text(shape)}')"
+        )
+    dcn = (slices,) + (1,) * (len(sizes) - 1)
+    return (outer // slices, *sizes[1:]), dcn
+
+
 @dataclass(frozen=True)
 class Rule:
     """Parameters whose name ends like `pattern` are laid out as `spec`.
@@ -102,7 +125,9 @@ def parse_rules(items: Iterable[Any], source: str) -> list[Rule]:
             )
         pattern, spec = item
         if not isinstance(spec, Sequence) or isinstance(spec, str):
-            raise RuntimeConfigError(f"{source}: rule {pattern!r} needs a list of axes, one per dim")
+            raise RuntimeConfigError(
+                f"{source}: rule {pattern!r} needs a list of axes, one per dim"
+            )
         entries: list[Entry] = []
         for entry in spec:
             if entry in (None, "", "-", "none", "null"):
@@ -174,17 +199,17 @@ def layout(
             spec = rule.spec
         specs[key] = on_mesh(spec, mesh)
         _check_divides(names[0], shape, specs[key], mesh)
-    tensor = mesh.get("tensor", 1)
-    if tensor > 1 and not any("tensor" in _axes_of(e) for s in specs.values() for e in s):
-        raise RuntimeConfigError(
-            f"the mesh has tensor={tensor} but no rule splits a parameter over it: "
-            "give sharding_rules that use 'tensor', or drop the axis"
-        )
     unused = [r.pattern for i, r in enumerate(rules) if r.required and i not in used]
     if unused:
         raise RuntimeConfigError(
             f"sharding rule {unused[0]!r} matches no parameter of the model (names look like "
             f"{next(iter(parameters.values()))[0]!r})"
+        )
+    tensor = mesh.get("tensor", 1)
+    if tensor > 1 and not any("tensor" in _axes_of(e) for s in specs.values() for e in s):
+        raise RuntimeConfigError(
+            f"the mesh has tensor={tensor} but no rule splits a parameter over it: "
+            "give sharding_rules that use 'tensor', or drop the axis"
         )
     return specs
 

@@ -23,6 +23,7 @@ from ..sharding import (
     layout,
     mesh_devices,
     mesh_text,
+    over_slices,
     parse_mesh,
 )
 from .base import CPU_EMULATED_DEVICES, Strategy, blocks_of, checkpoint_blocks
@@ -84,6 +85,7 @@ class SpmdDataParallel(Strategy):
                 "use --devices all or the host's device count"
             )
         self.check_mesh_size(runtime.global_device_count())
+        over_slices(self.mesh_shape(), runtime.slice_count())  # refused here, not at first use
 
     def check_mesh_size(self, devices: int) -> None:
         """Refuse a mesh whose size is not the job's device count."""
@@ -99,15 +101,20 @@ class SpmdDataParallel(Strategy):
         return self.mesh_request or ((self.sharded_axis, runtime.global_device_count()),)
 
     def mesh(self) -> Any:
+        """The device mesh; over several slices, torch_xla's hybrid mesh (see over_slices)."""
         if self._mesh is None:
             import numpy as np
             import torch_xla.distributed.spmd as xs
 
             shape = self.mesh_shape()
-            sizes = tuple(size for _, size in shape)
-            self._mesh = xs.Mesh(
-                np.arange(int(np.prod(sizes))), sizes, tuple(axis for axis, _ in shape)
-            )
+            names = tuple(axis for axis, _ in shape)
+            slices = runtime.slice_count()
+            if slices > 1:
+                ici, dcn = over_slices(shape, slices)
+                self._mesh = xs.HybridMesh(ici_mesh_shape=ici, dcn_mesh_shape=dcn, axis_names=names)
+            else:
+                sizes = tuple(size for _, size in shape)
+                self._mesh = xs.Mesh(np.arange(int(np.prod(sizes))), sizes, names)
         return self._mesh
 
     def mesh_axes(self) -> dict[str, int]:
@@ -222,12 +229,11 @@ class SpmdDataParallel(Strategy):
         import torch_xla.distributed.spmd as xs
 
         for param, state in optimizer.state.items():
-            spec = self.specs.get(id(param))
             for value in state.values():
                 if not (torch.is_tensor(value) and value.device.type == "xla" and value.dim()):
                     continue
-                same = spec is not None and value.shape == param.shape
-                xs.mark_sharding(value, self.mesh(), spec if same else (None,) * value.dim())
+                spec = self.specs.get(id(param)) if value.shape == param.shape else None
+                xs.mark_sharding(value, self.mesh(), spec or (None,) * value.dim())
 
     # ---- collectives ------------------------------------------------------------------
     def processes(self) -> int:
