@@ -92,6 +92,7 @@ def fit(
     saver = Checkpointer(
         directory, cfg.keep_checkpoints, cfg.async_checkpoint, plan.accelerator == "tpu",
         strategy, model, optimizer, scheduler, cfg.to_dict(), watch.host_read,
+        stream_state=lambda done: train_feeder.stream_state(done.batches_done * cfg.grad_accum),
     )  # fmt: skip
     progress = Progress()
     resume_from = resume_location(cfg.resume, directory)
@@ -148,8 +149,10 @@ def fit(
         while progress.step < total and status == "completed":
             micro: list[torch.Tensor] = []  # losses of the step's micro-batches so far
             stepped = progress.step
-            skip = progress.batches_done * cfg.grad_accum
-            for batch in train_feeder.epoch(progress.epoch, skip):
+            skip = progress.batches_done * cfg.grad_accum  # started there, not read again
+            batches = train_feeder.epoch(progress.epoch, skip, saver.restored_stream)
+            saver.restored_stream = ""  # the next epoch starts the stream afresh
+            for batch in batches:
                 micro.append(step(batch, last_micro=len(micro) + 1 == cfg.grad_accum))
                 if len(micro) < cfg.grad_accum:
                     continue
