@@ -1,10 +1,12 @@
 """Steps/s of the training loop beside a hand-written torch_xla loop and Accelerate, on XLA:CPU.
 
-    python benchmarks/bench.py [--workloads mlp,task,spmd,fsdp] [--rounds 5] [--out runs/bench]
+    python benchmarks/bench.py [--workloads mlp,task,spmd,fsdp,ckpt,hf-llama] [--rounds 5]
+                               [--out runs/bench]
 
 Workloads: an MLP on one device, the example task on one device, the MLP data parallel
-on 8 SPMD devices, and the example task under FSDP on 8 devices (its hand-written
-contender is an FSDPv2 loop as torch_xla documents it); "vs reference" is the ratio to
+on 8 SPMD devices, the example task under FSDP on 8 devices (its hand-written
+contender is an FSDPv2 loop as torch_xla documents it), and a Hugging Face Llama on one
+device (skipped where transformers is not installed); "vs reference" is the ratio to
 the hand-written loop. The ckpt workload runs the training loop on the example task
 without saves (its reference), then saving every 10 steps synchronously, then in the
 background (async_checkpoint). Every contender trains the
@@ -37,7 +39,16 @@ from {{ cookiecutter.package_name }}.training import TrainConfig, fit
 
 from contenders import CONTENDERS
 from report import depth_table, table, verdict
-from workloads import CONFIG, DEPTH_STEPS, DEPTHS, STRATEGY, WORKLOADS, log_reads, make_workload
+from workloads import (
+    CONFIG,
+    DEPTH_STEPS,
+    DEPTHS,
+    STRATEGY,
+    WORKLOADS,
+    log_reads,
+    make_workload,
+    skip_reason,
+)
 
 
 def worker(workload: str, contenders: list[str], rounds: int) -> dict[str, Any]:
@@ -71,6 +82,9 @@ def run_worker(workload: str, contenders: list[str], rounds: int) -> dict[str, A
 
 def measure(workload: str, rounds: int | None) -> list[dict[str, Any]]:
     """Median steps/s of each contender (one process), and its health from a cold process."""
+    reason = skip_reason(workload)
+    if reason is not None:
+        return [{"workload": workload, "skipped": reason}]
     total, default_rounds, _, contenders = WORKLOADS[workload]
     timed = run_worker(workload, list(contenders), rounds or default_rounds)
     rows: list[dict[str, Any]] = []

@@ -14,6 +14,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.core import health, make_plan, move_to_device
+from {{ cookiecutter.package_name }}.hf import is_hf_model, unwrap
+from {{ cookiecutter.package_name }}.hf.masks import static_masks
 from {{ cookiecutter.package_name }}.training import TrainConfig, fit
 from {{ cookiecutter.package_name }}.training.optim import lr_lambda
 
@@ -70,7 +72,8 @@ def hand_written(task: Any, total: int, devices: int, workload: str) -> dict[str
     """The loop of torch_xla's examples: MpDeviceLoader, an optimizer step, step closures.
 
     Data parallel on one device or over an SPMD `data` axis; for the fsdp workload,
-    FSDPv2 as its documentation writes it: each block wrapped, the batch sharded.
+    FSDPv2 as its documentation writes it: each block wrapped, the batch sharded. A
+    Hugging Face model gets what an expert does by hand (`for_xla_by_hand`).
     """
     import torch_xla
     import torch_xla.core.xla_model as xm
@@ -83,7 +86,7 @@ def hand_written(task: Any, total: int, devices: int, workload: str) -> dict[str
     if workload == "fsdp":
         model = fsdpv2(move_to_device(task.build_model(), device), task, mesh)  # ties kept
     else:
-        model = task.build_model().to(device)
+        model = for_xla_by_hand(task.build_model()).to(device)
     optimizer, scheduler = optimizer_and_schedule(model, total)
     loader = DataLoader(
         task.train_dataset(), batch_size=task.batch_size * devices, shuffle=True, drop_last=True
@@ -114,6 +117,21 @@ def hand_written(task: Any, total: int, devices: int, workload: str) -> dict[str
                 break
     torch_xla.sync()
     return clock.result()
+
+
+def for_xla_by_hand(model: nn.Module) -> nn.Module:
+    """A transformers model as an expert trains it on XLA; any other model as it is.
+
+    The mask fix: `static_masks()` has transformers build attention masks from tensors.
+    Without it every forward reads the device (its packed-sequence check), which cuts
+    each step in two graphs and waits for the device. The key/value cache is off: a
+    training step never reads it.
+    """
+    if not is_hf_model(model):
+        return model
+    static_masks()
+    unwrap(model).config.use_cache = False
+    return model
 
 
 def spmd_mesh(devices: int, axis: str) -> Any:
