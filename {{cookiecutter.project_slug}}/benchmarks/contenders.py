@@ -83,10 +83,10 @@ def hand_written(task: Any, total: int, devices: int, workload: str) -> dict[str
     torch.manual_seed(CONFIG.seed)
     axis = "fsdp" if workload == "fsdp" else "data"
     mesh = spmd_mesh(devices, axis) if devices > 1 else None
+    # Moved with its tied weights kept: `.to(xla)` unties them (another model, more to train).
+    model = move_to_device(for_xla_by_hand(task.build_model()), device)
     if workload == "fsdp":
-        model = fsdpv2(move_to_device(task.build_model(), device), task, mesh)  # ties kept
-    else:
-        model = for_xla_by_hand(task.build_model()).to(device)
+        model = fsdpv2(model, task, mesh)
     optimizer, scheduler = optimizer_and_schedule(model, total)
     loader = DataLoader(
         task.train_dataset(), batch_size=task.batch_size * devices, shuffle=True, drop_last=True
