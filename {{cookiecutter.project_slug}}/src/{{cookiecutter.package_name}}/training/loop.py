@@ -171,8 +171,9 @@ def fit(
                     reporter.line(throughput_line(first))
                     meter.start(at)
                 on_cadence = due(cadence, at)
-                # Processes must agree to stop, or one would wait forever in a collective.
-                with watch.host_read():
+                # Processes must agree to stop, or one would wait forever in a collective;
+                # they exchange their flags (a host read) on the cadence only.
+                with watch.host_read(possible=on_cadence):
                     if strategy.agree_to_stop(bool(diverged), on_cadence):
                         status = "diverged"
                         break
@@ -189,7 +190,7 @@ def fit(
                     break
                 watch.after_step(at, evaluate.runs)
                 diagnostics.after_step(at, watch.clock)
-                with watch.host_read():
+                with watch.host_read(possible=on_cadence):
                     requested = strategy.agree_to_stop(preemption.requested, on_cadence)
                 if requested or saver.reached_preemption(at):
                     status = "preempted"
