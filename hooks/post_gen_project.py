@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 import sys
 from collections.abc import Iterable, Mapping
@@ -18,7 +19,7 @@ from typing import Any
 
 # For each choice, the files that belong only to the options not chosen.
 # Paths are relative to the project root; `{package}` is the import name.
-# The files of each example task; the corpus helpers serve both text tasks.
+# The files of each example task.
 TASK_FILES: dict[str, tuple[str, ...]] = {
     "lm": ("src/{package}/tasks/lm.py", "tests/test_task_lm.py", "configs/lm.toml"),
     "vision": ("src/{package}/tasks/vision.py", "tests/test_task_vision.py", "configs/vision.toml"),
@@ -32,7 +33,14 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
         "configs/hf-causal-lm.toml",
     ),
 }
-TEXT_TASK_FILES = ("src/{package}/tasks/_corpus.py",)
+# The corpus helpers and the data package (`prepare`, prepared datasets) serve the text tasks.
+TEXT_TASK_FILES = (
+    "src/{package}/tasks/_corpus.py",
+    "src/{package}/data",
+    "tests/data_helpers.py",
+    "tests/test_data_prepare.py",
+    "tests/test_data_training.py",
+)
 
 
 def _other_tasks(chosen: str) -> tuple[str, ...]:
@@ -64,12 +72,15 @@ def paths_to_prune(answers: Mapping[str, Any]) -> list[str]:
 
 
 def prune(project_dir: Path, answers: Mapping[str, Any]) -> list[Path]:
-    """Delete the unchosen files that exist and return what was deleted."""
+    """Delete the unchosen files (and folders) that exist and return what was deleted."""
     removed: list[Path] = []
     for relative in paths_to_prune(answers):
         path = project_dir / relative
         if path.is_file() or path.is_symlink():
             path.unlink()
+            removed.append(path)
+        elif path.is_dir():
+            shutil.rmtree(path)
             removed.append(path)
     return removed
 

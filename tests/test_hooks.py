@@ -203,9 +203,19 @@ VISION = ["src/tpu_project/tasks/vision.py", "tests/test_task_vision.py", "confi
 HF = [
     "src/tpu_project/tasks/hf_causal_lm.py",
     "tests/test_task_hf_causal_lm.py",
+    "tests/test_hf_models.py",
+    "tests/test_lora.py",
+    "tests/test_hf_export.py",
+    "tests/hf_helpers.py",
     "configs/hf-causal-lm.toml",
 ]
-CORPUS = ["src/tpu_project/tasks/_corpus.py"]
+CORPUS = [
+    "src/tpu_project/tasks/_corpus.py",
+    "src/tpu_project/data",
+    "tests/data_helpers.py",
+    "tests/test_data_prepare.py",
+    "tests/test_data_training.py",
+]
 
 
 @pytest.mark.parametrize(
@@ -215,8 +225,9 @@ CORPUS = ["src/tpu_project/tasks/_corpus.py"]
 def test_prunes_the_files_of_the_unchosen_task(
     post_gen: ModuleType, tmp_path: Path, task: str, pruned: list[str]
 ) -> None:
-    """It deletes only the unchosen task's files and tolerates those that are missing."""
+    """It deletes only the unchosen task's files and folders and tolerates missing ones."""
     present = [
+        "src/tpu_project/data/__init__.py",
         "src/tpu_project/tasks/lm.py",
         "src/tpu_project/tasks/vision.py",
         "src/tpu_project/tasks/hf_causal_lm.py",
@@ -233,9 +244,11 @@ def test_prunes_the_files_of_the_unchosen_task(
     removed = post_gen.prune(tmp_path, answers)
 
     assert post_gen.paths_to_prune(answers) == pruned
-    assert removed == [tmp_path / p for p in pruned if p in present]
+    folders = {str(Path(p).parent) for p in present}
+    assert removed == [tmp_path / p for p in pruned if p in present or p in folders]
     remaining = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.py"))
-    assert remaining == sorted(p for p in present if p not in pruned)
+    kept = [p for p in present if p not in pruned and str(Path(p).parent) not in pruned]
+    assert remaining == sorted(kept)
 
 
 def test_makes_shell_scripts_executable(post_gen: ModuleType, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from {{ cookiecutter.package_name }}.cli import app
 
-from training_helpers import cli, write_config
+from training_helpers import TINY, cli, write_config
 
 runner = CliRunner()
 
@@ -28,6 +28,9 @@ runner = CliRunner()
         ["doctor"],
         ["pod"],
         ["config", "show"],
+{%- if cookiecutter.example_task != "vision" %}
+        ["prepare"],
+{%- endif %}
     ],
 )
 def test_every_command_has_help(command: list[str]) -> None:
@@ -44,6 +47,18 @@ def test_config_show_applies_file_then_overrides(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     shown = json.loads(result.output)
     assert (shown["lr"], shown["seed"], shown["accelerator"]) == (0.5, 7, "cpu")
+
+
+def test_set_reaches_nested_task_options(tmp_path: Path) -> None:
+    """It sets a key inside a table (`task_options.seq_len=32`) over the file's, as TOML."""
+    path = write_config(tmp_path)
+    sets = ["--set", "task_options.seq_len=32", "--set", "task_options.extra=[1, 2]"]
+    result = runner.invoke(app, ["config", "show", "--config", str(path), *sets])
+    assert result.exit_code == 0, result.output
+    options = json.loads(result.output)["task_options"]
+    assert options["seq_len"] == 32 and options["extra"] == [1, 2]
+    kept = {k: v for k, v in TINY["task_options"].items() if k != "seq_len"}
+    assert kept.items() <= options.items()  # the file's other options stay
 
 
 def _foreign_checkpoint(tmp_path: Path) -> Path:

@@ -78,6 +78,34 @@ def test_decoder_trains_with_one_graph_and_fsdp_gives_its_losses(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["fsdp=4,tensor=2", "data=2,fsdp=2,tensor=2"])
+def test_decoder_shards_two_ways_from_its_own_tensor_parallel_plan(
+    mesh: str, python_subprocess: Any
+) -> None:
+    """It splits the plan's projections over `tensor` and gives the one-device losses."""
+    single = run(python_subprocess, "llama", "single", precision="32-true")
+    sharded = run(python_subprocess, "llama", "fsdp", precision="32-true", mesh=mesh)
+
+    assert_healthy(sharded)
+    assert worst_relative(sharded["train_losses"], single["train_losses"]) <= 1e-5
+    replicas = 2 if mesh.startswith("data") else 1
+    memory = sharded["memory"]
+    assert memory["state_bytes_per_device"] < 1.6 * memory["state_bytes_total"] * replicas / 8
+
+
+def test_tensor_axis_must_divide_the_heads(tmp_path: Path) -> None:
+    """It refuses a tensor axis that splits attention heads, in one line, exit 2."""
+    from training_helpers import cli, write_config
+
+    config = write_config(tmp_path, task_options={**OPTIONS, "heads": 4, "kv_heads": 2})
+    result = cli("train", "--config", str(config), "--run-dir", str(tmp_path / "run"),
+                 "--devices", "8", "--strategy", "fsdp", "--mesh", "fsdp=2,tensor=4")  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: tensor=4 does not divide the model's 2 heads"), lines
+
+
+@pytest.mark.slow
 def test_decoder_under_bf16_mixed_and_activation_checkpointing_stays_one_graph(
     python_subprocess: Any,
 ) -> None:

@@ -23,6 +23,18 @@ def test_slice_count_and_index_come_from_what_the_launcher_sets(
     assert (runtime.slice_count(), runtime.slice_index()) == (4, 3)
 
 
+@pytest.mark.parametrize(("device", "slices"), [("TPU", 2), ("CPU", 1)])
+def test_the_mesh_spans_slices_on_tpu_only(
+    device: str, slices: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It spans the mesh over the launcher's slices on TPU; on XLA:CPU, where every worker of a
+    pod rehearsal is a world of its own, over none."""
+    for name, value in multislice.multislice_environment("10.0.0.2", 2, 1).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PJRT_DEVICE", device)
+    assert (runtime.slice_count(), runtime.mesh_slice_count()) == (2, slices)
+
+
 @pytest.mark.parametrize(
     "count,index,message",
     [("two", "0", "MEGASCALE_NUM_SLICES='two'"), ("2", "2", "MEGASCALE_SLICE_ID=2 is not below")],

@@ -258,3 +258,54 @@ def test_check_batch_names_the_offending_key_and_type():
 def test_check_batch_accepts_nested_tensors():
     """It accepts dicts, lists and tuples whose leaves are all tensors."""
     check_batch({"x": torch.zeros(2), "pair": (torch.ones(1), [torch.ones(3)])})
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 37, 1000, 4099])
+def test_shuffled_order_is_a_permutation_per_seed_and_epoch(length):
+    """It orders every index once per epoch, differently for another epoch or seed."""
+    import numpy as np
+
+    from {{ cookiecutter.package_name }}.core.sampling import permuted
+
+    positions = np.arange(length)
+    order = permuted(positions, length, seed=3, epoch=0)
+    assert sorted(order.tolist()) == list(range(length))
+    if length > 3:
+        assert order.tolist() != permuted(positions, length, seed=3, epoch=1).tolist()
+        assert order.tolist() != permuted(positions, length, seed=4, epoch=0).tolist()
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("world", [1, 3])
+def test_sampler_started_at_a_position_reads_only_the_rest(world, shuffle):
+    """It resumes an epoch at a position with exactly the batches not yet read, none again."""
+    from {{ cookiecutter.package_name }}.core.sampling import ShardSampler
+
+    for rank in range(world):
+        loader = prepare_dataloader(index_loader(101, batch_size=4, shuffle=shuffle), world, rank)
+        assert isinstance(loader.sampler, ShardSampler)
+        set_epoch(loader, 2)
+        whole = shard(loader)
+        loader.sampler.start_at(3 * 4)  # three batches were trained
+        assert len(loader) == math.ceil(len(whole) / 4) - 3
+        assert shard(loader) == whole[12:]
+
+
+def test_sampler_memory_does_not_grow_with_the_dataset():
+    """It computes indices in chunks: a billion samples cost no list of a billion."""
+    import tracemalloc
+
+    from {{ cookiecutter.package_name }}.core.sampling import ShardSampler
+
+    class Huge(Dataset):
+        def __len__(self):
+            return 1_000_000_000
+
+    sampler = ShardSampler(Huge(), num_replicas=4, rank=1, shuffle=True, seed=0)
+    sampler.start_at(200_000_000)
+    tracemalloc.start()
+    first = [index for _, index in zip(range(10_000), iter(sampler), strict=False)]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(set(first)) == 10_000 and max(first) < 1_000_000_000
+    assert peak < 20_000_000  # bytes; the indices alone would take gigabytes

@@ -71,3 +71,65 @@ def test_streaming_task_needs_max_steps(tmp_path: Path) -> None:
     config = TrainConfig(**{**TINY, "accelerator": "cpu"}, run_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="set max_steps instead of max_epochs"):
         fit(config, make_plan("cpu", 1, "single"), task=StreamingTask())  # type: ignore[arg-type]
+
+
+class StatefulStream(Stream):
+    """A stream that says where it is (`state_dict`) and starts there (`load_state_dict`)."""
+
+    def __init__(self, dataset: Any) -> None:
+        super().__init__(dataset)
+        self.position = 0
+        self.resume_from = 0
+        self.starts: list[int] = []  # where each pass over the stream began
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.resume_from = state["position"]
+
+    def __iter__(self) -> Iterator[Any]:
+        start, self.resume_from = self.resume_from, 0
+        self.starts.append(start)
+        for index in range(start, SAMPLES):
+            self.position = index + 1
+            yield self.dataset[index]
+
+
+class StatefulStreamingTask(StreamingTask):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stream = StatefulStream(self.task.train_dataset())
+
+
+def resume_twice(tmp_path: Path, make_task: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """An unbroken run, and a run resumed from its checkpoint at step RESUME_AT (mid-epoch)."""
+    settings = {**TINY, "accelerator": "cpu", "max_steps": STEPS, "log_every": 1, "seed": 3,
+                "checkpoint_every": RESUME_AT, "keep_checkpoints": 9}  # fmt: skip
+    plan = make_plan("cpu", 1, "single")
+    whole = fit(TrainConfig(**settings, run_dir=str(tmp_path / "a")), plan, task=make_task())
+    task = make_task()
+    checkpoint = str(tmp_path / "a" / "checkpoints" / str(RESUME_AT))
+    config = TrainConfig(**settings, run_dir=str(tmp_path / "b"), resume=checkpoint)
+    return whole, fit(config, plan, task=task), task
+
+
+RESUME_AT = 7  # of 5 steps per epoch: the third batch of epoch 1
+
+
+@pytest.mark.slow
+def test_stream_with_state_resumes_from_its_state(tmp_path: Path) -> None:
+    """It restores a stream's saved state, read after the last trained batch: losses equal."""
+    whole, resumed, task = resume_twice(tmp_path, StatefulStreamingTask)
+    per_epoch = SAMPLES // TINY["batch_size"]
+    assert resumed["train_losses"] == whole["train_losses"]
+    # a probe of the shapes at start-up, then the stream from its saved position
+    assert task.stream.starts[:2] == [0, (RESUME_AT % per_epoch) * TINY["batch_size"]]
+
+
+@pytest.mark.slow
+def test_stream_without_state_is_replayed_with_a_warning(tmp_path: Path) -> None:
+    """It reads a stream without state again to skip the trained batches, and says the cost."""
+    with pytest.warns(UserWarning, match=r"reading 2 batches again to skip them"):
+        whole, resumed, _ = resume_twice(tmp_path, StreamingTask)
+    assert resumed["train_losses"] == whole["train_losses"]

@@ -74,7 +74,8 @@ def test_forward_is_causal():
 
 
 def test_loss_and_metrics_on_the_device(xla_device):
-    """It gives a scalar loss and one mean token loss per sample whose mean is that loss."""
+    """It gives a scalar loss and one mean token loss per sample (weighted by its tokens that
+    carry loss) whose mean is that loss."""
     task = make_task(**TINY)
     model = move_to_device(task.build_model(), xla_device)
     batch = {k: v.to(xla_device) for k, v in first_batch(task, size=4).items()}
@@ -84,7 +85,8 @@ def test_loss_and_metrics_on_the_device(xla_device):
 
     assert batch["x"].shape == (4, task.tokens_per_sample)
     assert loss.shape == ()
-    assert set(metrics) == {"loss"} and metrics["loss"].shape == (4,)
+    assert set(metrics) == {"loss", "weight"} and metrics["loss"].shape == (4,)
+    assert metrics["weight"].tolist() == [task.tokens_per_sample] * 4  # no mask: every token
     assert metrics["loss"].mean().item() == pytest.approx(loss.item(), rel=1e-5)
     assert 0 < loss.item() < 2 * math.log(256)
 
@@ -161,7 +163,7 @@ print(json.dumps({
     "embed_sum": model.get_input_embeddings().weight.sum().item(),
     "tied": model.lm_head.weight is model.get_input_embeddings().weight,
     "vocab": model.config.vocab_size,
-    "max_token": int(task.tokens.max()),
+    "max_token": int(data.tokens.max()),
     "loss": task.loss(model, batch).item(),
 }))
 """

@@ -1,4 +1,4 @@
-"""Command line: train, eval, profile, debug, doctor, plan, pod, config show.
+"""Command line: {% if cookiecutter.example_task != "vision" %}prepare, {% endif %}train, eval, plan, profile, debug, doctor, pod, config show.
 
 Installed as `{{ cookiecutter.project_slug }}`; also `python -m {{ cookiecutter.package_name }}`.
 """
@@ -12,6 +12,9 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from .core.runtime import RuntimeConfigError
+{%- if cookiecutter.example_task != "vision" %}
+from .data.cli import prepare_command
+{%- endif %}
 from .planning.cli import plan
 from .pod.cli import pod_app
 
@@ -19,6 +22,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect the resolved configuration.")
 app.add_typer(config_app, name="config")
 app.add_typer(pod_app, name="pod")
+{%- if cookiecutter.example_task != "vision" %}
+app.command("prepare")(prepare_command)
+{%- endif %}
 app.command()(plan)
 
 ConfigFile = Annotated[
@@ -82,7 +88,9 @@ def train(
     checkpoint_dir: Annotated[
         str | None, typer.Option(help="Where checkpoints go: a path or URL (gs://...).")
     ] = None,
-    data: Annotated[str | None, typer.Option(help="Local data path or hf:NAME.")] = None,
+    data: Annotated[
+        str | None, typer.Option(help="A prepared dataset (path or gs://), text, or hf:NAME.")
+    ] = None,
     resume: Annotated[str | None, typer.Option(help=RESUME_HELP)] = None,
     sets: Sets = None,
 ) -> None:

@@ -154,7 +154,9 @@ class CheckpointStore:
     ) -> None:
         from torch_xla.experimental.distributed_checkpoint import CheckpointManager
 
-        from . import runtime
+        from . import checkpoint_planner, runtime
+
+        checkpoint_planner.install()  # every shard written once (see checkpoint_planner)
 
         group = runtime.host_group()  # the process group DCP coordinates the hosts over
         self.directory = directory
@@ -185,7 +187,7 @@ class CheckpointStore:
         self.raise_failures()
         try:
             if self.async_save:
-                self.manager.save_async(step, state, force=True)
+                self.manager.save_async(step, _frozen(state), force=True)
             else:
                 self.manager.save(step, state, force=True)
         except failures() as error:
@@ -215,3 +217,21 @@ class CheckpointStore:
         """Wait for background saves, and raise if one failed."""
         self.manager.join()
         self.raise_failures()
+
+
+def _frozen(state: dict[str, Any]) -> dict[str, Any]:
+    """The state as it is now, for a background write: host tensors copied, containers new.
+
+    save_async copies device tensors to the host before it returns, but keeps host tensors
+    (an optimizer's `step` counts) by reference: the next step would change them in place
+    before they are written, and a resumed run would count one step too many.
+    """
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def copy(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+            return value.clone()
+        return value
+
+    return dict(tree_map(copy, state))

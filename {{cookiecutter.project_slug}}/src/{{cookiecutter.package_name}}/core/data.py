@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
-import math
+import itertools
 import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import (
     DataLoader,
-    Dataset,
     DistributedSampler,
     IterableDataset,
     RandomSampler,
-    Sampler,
     get_worker_info,
 )
 
 from . import runtime
+from .eval_data import VALID_KEY, eval_dataloader
+from .sampling import ShardSampler, StreamPositions
+
+__all__ = ["VALID_KEY", "DeviceFeeder", "HostShard", "eval_dataloader", "prepare_dataloader"]
 
 if TYPE_CHECKING:
     from .strategies import Strategy
-
-VALID_KEY = "valid"
 
 
 def _loader_shuffles(loader: DataLoader) -> bool:
@@ -44,7 +45,8 @@ def prepare_dataloader(
     """Return an equivalent DataLoader that reads only this replica's shard.
 
     Batch size, collate_fn, workers, pin_memory, generator and drop_last survive;
-    shuffling follows the original loader. A user's DistributedSampler is kept. An
+    shuffling follows the original loader. A user's DistributedSampler is kept; otherwise
+    a `ShardSampler` (constant memory, resumable at any position) shards the data. An
     IterableDataset (a stream) is wrapped in `HostShard`: every replica reads its own
     samples, as many as every other replica.
     """
@@ -60,7 +62,7 @@ def prepare_dataloader(
             "give the DataLoader a batch_size, or a DistributedSampler of your own"
         )
     keep_last = loader.drop_last if drop_last is None else drop_last
-    sampler: DistributedSampler[Any] = DistributedSampler(
+    sampler = ShardSampler(
         loader.dataset,
         num_replicas=num_replicas,
         rank=rank,
@@ -129,62 +131,6 @@ def set_epoch(loader: DataLoader, epoch: int) -> None:
             part.set_epoch(epoch)
 
 
-class EvalShardSampler(Sampler[int]):
-    """Strided shard of `range(padded)` where `padded` fills every batch of every replica.
-
-    Indices past the dataset's end are padding; `MaskedDataset` marks them invalid
-    so each real sample is counted exactly once across replicas.
-    """
-
-    def __init__(self, length: int, num_replicas: int, rank: int, batch_size: int) -> None:
-        self.length = length
-        self.num_replicas = num_replicas
-        self.rank = rank
-        global_batch = num_replicas * batch_size
-        self.padded = max(1, math.ceil(length / global_batch)) * global_batch
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.padded, self.num_replicas))
-
-    def __len__(self) -> int:
-        return self.padded // self.num_replicas
-
-
-class MaskedDataset(Dataset[dict[str, Any]]):
-    """Dict-sample dataset whose indices past the end repeat sample 0 with `valid=0`."""
-
-    def __init__(self, dataset: Dataset[Mapping[str, Any]]) -> None:
-        self.dataset = dataset
-        self.length = len(dataset)  # type: ignore[arg-type]
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        real = index < self.length
-        sample = self.dataset[index if real else 0]
-        if not isinstance(sample, Mapping):
-            raise TypeError(
-                f"eval samples must be dicts of tensors, got {type(sample).__name__}: "
-                "return {'x': ..., 'y': ...} from the dataset"
-            )
-        return {**sample, VALID_KEY: torch.tensor(1.0 if real else 0.0)}
-
-
-def eval_dataloader(
-    dataset: Dataset[Mapping[str, Any]],
-    batch_size: int,
-    num_replicas: int,
-    rank: int,
-    **kwargs: Any,
-) -> DataLoader:
-    """Loader of full, static-shape batches whose padding is flagged by a `valid` key."""
-    sampler = EvalShardSampler(len(dataset), num_replicas, rank, batch_size)  # type: ignore[arg-type]
-    return DataLoader(
-        MaskedDataset(dataset), batch_size=batch_size, sampler=sampler, drop_last=True, **kwargs
-    )
-
-
 def check_batch(batch: Any, path: str = "batch") -> None:
     """Raise TypeError naming the first non-tensor member of a batch, before any transfer."""
     if isinstance(batch, torch.Tensor):
@@ -221,23 +167,60 @@ class DeviceFeeder:
         self.sample = next(iter(loader))  # on the host, as the loader gives it
         check_batch(self.sample)
         self.sharding = strategy.input_sharding(self.sample)
+        stream = loader.dataset.stream if isinstance(loader.dataset, HostShard) else None
+        self.positions = (
+            StreamPositions(stream)
+            if stream is not None and StreamPositions.resumable(stream, loader.num_workers)
+            else None
+        )
 
     def __len__(self) -> int:
         return len(self.loader)
 
-    def epoch(self, epoch: int, skip_batches: int = 0) -> Any:
-        """Device batches of `epoch`, resuming after `skip_batches` already-trained batches."""
-        import itertools
+    def epoch(self, epoch: int, skip_batches: int = 0, stream_state: str = "") -> Any:
+        """Device batches of `epoch`, resuming after `skip_batches` already-trained batches.
 
+        A ShardSampler starts at that position: nothing is read twice. A stream resumes from
+        `stream_state` (its `state_dict()` saved after the last trained batch); a stream
+        without one is read again from its start, and the batches trained are skipped.
+        """
         import torch_xla.distributed.parallel_loader as pl
 
         set_epoch(self.loader, epoch)
         source: Any = self.loader
-        if skip_batches:
-            source = itertools.islice(self.loader, skip_batches, None)
+        sampler = self.loader.sampler
+        if isinstance(sampler, ShardSampler):
+            sampler.start_at(skip_batches * (self.loader.batch_size or 1))
+        elif self.positions is not None and stream_state:
+            self.positions.restore(stream_state)
+            source = self._tracked(skip_batches)
+        elif skip_batches:
+            warnings.warn(
+                f"resuming by reading {skip_batches} batches again to skip them (the data "
+                "cannot start at a position): the wait grows with the step. A stream with "
+                "state_dict()/load_state_dict() (num_workers 0) resumes at once.",
+                stacklevel=2,
+            )
+            source = itertools.islice(self._tracked(0), skip_batches, None)
+        elif self.positions is not None:
+            source = self._tracked(0)
         return pl.MpDeviceLoader(
             source,
             runtime.device(),
             batches_per_execution=self.batches_per_execution,
             input_sharding=self.sharding,
         )
+
+    def _tracked(self, first: int) -> Iterator[Any]:
+        """The loader's batches, the stream's state remembered after each (when it has one)."""
+        if self.positions is None:
+            yield from self.loader
+            return
+        self.positions.clear()
+        for count, batch in enumerate(self.loader, start=first + 1):
+            self.positions.record(count)
+            yield batch
+
+    def stream_state(self, batches: int) -> str:
+        """A resumable stream's state after `batches` batches of this epoch ("" for none)."""
+        return self.positions.after(batches) if self.positions is not None else ""

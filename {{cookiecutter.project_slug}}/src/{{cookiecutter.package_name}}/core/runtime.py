@@ -25,6 +25,12 @@ from .multislice import slice_index as slice_index
 ACCELERATORS = ("auto", "tpu", "cpu")
 
 
+def mesh_slice_count() -> int:
+    """The slices the device mesh spans: slice_count() on TPU. On XLA:CPU each process is a
+    world of its own (a pod rehearsal's workers), so a launcher's slice variables make no mesh."""
+    return slice_count() if os.environ.get("PJRT_DEVICE", "").upper() == "TPU" else 1
+
+
 class RuntimeConfigError(ValueError):
     """Raised for a device/strategy request that cannot run here; the message says what to do."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from .runtime import RuntimeConfigError
 
@@ -30,7 +30,6 @@ BATCH_AXES = ("data", "fsdp")  # a batch's first dimension is split over these
 MeshShape = tuple[tuple[str, int], ...]
 Entry = str | tuple[str, ...] | None
 Spec = tuple[Entry, ...]
-Key = TypeVar("Key")
 
 
 def parse_mesh(text: str) -> MeshShape:
@@ -58,6 +57,29 @@ def mesh_text(shape: MeshShape) -> str:
 
 def mesh_devices(shape: MeshShape) -> int:
     return math.prod(size for _, size in shape)
+
+
+def over_slices(shape: MeshShape, slices: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The mesh split for several slices: (within a slice, across slices) sizes per axis.
+
+    The slices meet over the data-center network (DCN), far slower than the chips' own
+    links (ICI), so only the outermost axis crosses it: with `data=4,fsdp=8` over 2 slices
+    each slice holds `data=2,fsdp=8`, and the two slices are the data axis's other factor
+    of 2. Its collectives are one gradient reduction per step; fsdp's gathers and tensor's
+    all-reduces stay inside a slice.
+    """
+    sizes = [size for _, size in shape]
+    if slices == 1:
+        return tuple(sizes), (1,) * len(sizes)
+    axis, outer = shape[0]
+    if outer % slices:
+        raise RuntimeConfigError(
+            f"mesh {mesh_text(shape)!r} over {slices} slices: its outermost axis {axis!r} "
+            f"({outer}) must be a multiple of {slices}, the only axis that crosses the "
+            f"data-center network (e.g. mesh 'data={slices},{mesh_text(shape)}')"
+        )
+    dcn = (slices,) + (1,) * (len(sizes) - 1)
+    return (outer // slices, *sizes[1:]), dcn
 
 
 @dataclass(frozen=True)
@@ -143,20 +165,20 @@ def on_mesh(spec: Spec, mesh: Mapping[str, int]) -> Spec:
 
 
 def layout(
-    parameters: Mapping[Key, Sequence[str]],
-    shapes: Mapping[Key, Sequence[int]],
+    parameters: Mapping[str, Sequence[str]],
+    shapes: Mapping[str, Sequence[int]],
     rules: Sequence[Rule],
     mesh: Mapping[str, int],
-) -> dict[Key, Spec]:
+) -> dict[str, Spec]:
     """Each parameter's spec on `mesh`: the first rule naming it (by any of its names),
     else the fsdp rule where the mesh has `fsdp`, else whole. RuntimeConfigError names a
     rule that matches nothing, a rank mismatch, or a tensor axis that does not divide.
 
-    `parameters` maps a parameter's key to all its names (tied parameters have several),
-    `shapes` the key to its shape.
+    `parameters` maps a parameter's first name to all its names (tied parameters have
+    several), `shapes` that name to its shape.
     """
     used: set[int] = set()
-    specs: dict[Key, Spec] = {}
+    specs: dict[str, Spec] = {}
     for key, names in parameters.items():
         shape = tuple(shapes[key])
         found = next(
@@ -176,17 +198,17 @@ def layout(
             spec = rule.spec
         specs[key] = on_mesh(spec, mesh)
         _check_divides(names[0], shape, specs[key], mesh)
-    tensor = mesh.get("tensor", 1)
-    if tensor > 1 and not any("tensor" in _axes_of(e) for s in specs.values() for e in s):
-        raise RuntimeConfigError(
-            f"the mesh has tensor={tensor} but no rule splits a parameter over it: "
-            "give sharding_rules that use 'tensor', or drop the axis"
-        )
     unused = [r.pattern for i, r in enumerate(rules) if r.required and i not in used]
     if unused:
         raise RuntimeConfigError(
             f"sharding rule {unused[0]!r} matches no parameter of the model (names look like "
             f"{next(iter(parameters.values()))[0]!r})"
+        )
+    tensor = mesh.get("tensor", 1)
+    if tensor > 1 and not any("tensor" in _axes_of(e) for s in specs.values() for e in s):
+        raise RuntimeConfigError(
+            f"the mesh has tensor={tensor} but no rule splits a parameter over it: "
+            "give sharding_rules that use 'tensor', or drop the axis"
         )
     return specs
 

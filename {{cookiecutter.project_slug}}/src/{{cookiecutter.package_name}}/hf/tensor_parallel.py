@@ -18,9 +18,15 @@ from torch import nn
 from ..core.sharding import Rule, Spec
 from . import HFConfigError, unwrap
 
-# [out or vocab, in]: the first dimension over tensor
-SPLIT_OUTPUT = {"colwise", "colwise_gather_output", "colwise_rep", "packed_colwise",
-                "embedding_rowwise"}  # fmt: skip
+# Styles whose weight ([out, in], or an embedding's [vocab, dim]) splits its first dimension
+# over `tensor`, and styles that split the second.
+SPLIT_OUTPUT = {
+    "colwise",
+    "colwise_gather_output",
+    "colwise_rep",
+    "packed_colwise",
+    "embedding_rowwise",
+}
 SPLIT_INPUT = {"rowwise", "rowwise_split_input", "packed_rowwise"}
 WEIGHTS: dict[str, Spec] = {"split_output": ("tensor", "fsdp"), "split_input": ("fsdp", "tensor")}
 BIASES: dict[str, Spec] = {"split_output": ("tensor",), "split_input": (None,)}

@@ -19,6 +19,10 @@ from torch.utils.data import Dataset, IterableDataset
 # Samples and batches are dicts of tensors with static shapes.
 Batch = dict[str, torch.Tensor]
 
+# A per-sample metric of this name weighs the others: the eval means become sums weighted by
+# it over their sum (a sample's count of loss-carrying tokens, so the eval loss is per token).
+WEIGHT = "weight"
+
 
 class Task(Protocol):
     """What the framework needs from a task.
@@ -51,7 +55,8 @@ class Task(Protocol):
         ...
 
     def metrics(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        """Per-sample eval metrics, each of shape (batch,); the framework averages them."""
+        """Per-sample eval metrics, each of shape (batch,); the framework averages them
+        (weighted by the `weight` metric when there is one)."""
         ...
 
 

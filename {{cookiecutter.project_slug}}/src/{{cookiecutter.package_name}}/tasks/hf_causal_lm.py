@@ -12,17 +12,18 @@ device reads, no key/value cache, the decoder layer fsdp wraps, LoRA) the projec
 every `transformers` model (`hf/`), so a task of your own gets it too.
 
 Data: by default the Python standard library's own source files (no download). `data` takes a
-text file, a folder of text files, or `hf:NAME[:COLUMN]` for a Hugging Face dataset.
+prepared dataset (`prepare`, tokenized with this task's tokenizer: any size, local or gs://), a
+small text file or folder of text files, or `hf:NAME[:COLUMN]` for a Hugging Face dataset.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -36,7 +37,7 @@ from ..hf.models import (
     load_tokenizer,
     pretrained_config,
 )
-from ._corpus import Windows, read_corpus, unigram_entropy
+from ._corpus import TextSplits, text_splits, token_loss, token_metrics
 
 Batch = dict[str, torch.Tensor]
 
@@ -69,19 +70,25 @@ class HFCausalLMTask:
             self.tokenizer = load_tokenizer(self.model_name)
         else:
             self.config = decoder_config(self.architecture, self.sizes)
-        raw = read_corpus(self.data, self.max_bytes)
-        if self.tokenizer is not None:
-            self.tokens = self._tokenize_pretrained(raw)
-        else:
-            self.tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         positions = getattr(self.config, "max_position_embeddings", None)
         if positions is not None and self.seq_len > positions:
             raise HFConfigError(
                 f"seq_len {self.seq_len} is longer than the model's {positions} positions"
             )
-        if len(self.tokens) < 4 * (self.seq_len + 1):
-            raise ValueError(f"corpus {self.data!r} is too small: {len(self.tokens)} tokens")
-        self.baseline = unigram_entropy(self.tokens, self.vocab_size)
+        if self.data:
+            self.splits  # noqa: B018  (refuse data made for another run before any weights load)
+
+    @cached_property
+    def splits(self) -> TextSplits:
+        """Read when first needed: `prepare` builds the task only for its tokenizer."""
+        return text_splits(
+            self.data, self.seq_len, self.max_bytes, self.eval_fraction, self.tokenizer,
+            self.vocab_size,
+        )  # fmt: skip
+
+    @property
+    def baseline(self) -> float:
+        return self.splits.baseline
 
     @property
     def vocab_size(self) -> int:
@@ -98,42 +105,25 @@ class HFCausalLMTask:
     def tokens_per_sample(self) -> int:
         return self.seq_len
 
-    def _tokenize_pretrained(self, raw: bytes) -> torch.Tensor:
-        """Token ids from the model's own tokenizer: byte ids mean nothing to its embeddings."""
-        text = raw.decode("utf-8", errors="replace")
-        ids = self.tokenizer(text, verbose=False)["input_ids"]
-        if max(ids, default=0) >= self.vocab_size:
-            raise HFConfigError(
-                f"model_name {self.model_name!r}: its tokenizer has ids beyond the model's "
-                f"vocabulary of {self.vocab_size}"
-            )
-        return torch.tensor(ids, dtype=torch.int32)
-
     def build_model(self) -> nn.Module:
         if self.model_name:
             return load_decoder(self.model_name)
         return build_decoder(self.config)
 
-    def _split(self) -> int:
-        return int(len(self.tokens) * (1 - self.eval_fraction))
-
     def train_dataset(self) -> Dataset[Batch]:
-        return Windows(self.tokens[: self._split()], self.seq_len)
+        return self.splits.train
 
     def eval_dataset(self) -> Dataset[Batch]:
-        return Windows(self.tokens[self._split() :], self.seq_len)
+        return self.splits.eval
 
     def logits(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         return model(input_ids=batch["x"]).logits  # type: ignore[no-any-return]
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        logits = self.logits(model, batch)
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["y"].flatten())
+        return token_loss(self.logits(model, batch), batch["y"])  # -100 carries no loss
 
     def metrics(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        logits = self.logits(model, batch).float()
-        per_token = F.cross_entropy(logits.transpose(1, 2), batch["y"], reduction="none")
-        return {"loss": per_token.mean(dim=1)}
+        return token_metrics(self.logits(model, batch), batch["y"])
 
     def summarize(self, means: dict[str, float]) -> dict[str, float]:
         loss = means["loss"]

@@ -1,22 +1,25 @@
 """Character language model: a small GPT with tied input/output embeddings.
 
 Data: by default the Python standard library's own source files, which every
-machine with Python has (no download). `--data` takes a text file, a folder of
-text files, or `hf:NAME[:COLUMN]` for a Hugging Face dataset.
+machine with Python has (no download). `--data` takes a prepared dataset (`prepare`:
+JSON lines, Parquet or text of any size, local or gs://), a small text file or
+folder of text files, or `hf:NAME[:COLUMN]` for a Hugging Face dataset.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Dataset
 
 from ..core.layers import BlockStack
 from ..core.sharding import Rule
-from ._corpus import Windows, read_corpus, unigram_entropy
+from ._corpus import TextSplits, text_splits, token_loss, token_metrics
 
 VOCAB = 256  # bytes: every text has a vocabulary, no tokenizer needed
 # Tensor parallelism for the blocks (Megatron's layout): attention's qkv and the first MLP
@@ -101,13 +104,21 @@ class LanguageModelTask:
     max_bytes: int = 1_000_000
     eval_fraction: float = 0.05
 
+    tokenizer = None  # bytes: the vocabulary is VOCAB
+    vocab_size = VOCAB
+
     def __post_init__(self) -> None:
-        raw = read_corpus(self.data, self.max_bytes)
-        if len(raw) < 4 * (self.seq_len + 1):
-            raise ValueError(f"corpus {self.data!r} is too small: {len(raw)} bytes")
-        self.tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        self.split = int(len(self.tokens) * (1 - self.eval_fraction))
-        self.baseline = unigram_entropy(self.tokens, VOCAB)
+        if self.data:
+            self.splits  # noqa: B018  (refuse data made for another run before anything starts)
+
+    @cached_property
+    def splits(self) -> TextSplits:
+        """Read when first needed: `prepare` builds the task only for its tokenizer."""
+        return text_splits(self.data, self.seq_len, self.max_bytes, self.eval_fraction, None, VOCAB)
+
+    @property
+    def baseline(self) -> float:
+        return self.splits.baseline
 
     @property
     def tokens_per_sample(self) -> int:
@@ -125,20 +136,17 @@ class LanguageModelTask:
     def build_model(self) -> nn.Module:
         return CharGPT(self.seq_len, self.dim, self.layers, self.heads, self.dropout)
 
-    def train_dataset(self) -> Windows:
-        return Windows(self.tokens[: self.split], self.seq_len)
+    def train_dataset(self) -> Dataset[dict[str, torch.Tensor]]:
+        return self.splits.train
 
-    def eval_dataset(self) -> Windows:
-        return Windows(self.tokens[self.split :], self.seq_len)
+    def eval_dataset(self) -> Dataset[dict[str, torch.Tensor]]:
+        return self.splits.eval
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = model(batch["x"])
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["y"].flatten())
+        return token_loss(model(batch["x"]), batch["y"])  # targets of -100 carry no loss
 
     def metrics(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        logits = model(batch["x"]).float()
-        per_token = F.cross_entropy(logits.transpose(1, 2), batch["y"], reduction="none")
-        return {"loss": per_token.mean(dim=1)}
+        return token_metrics(model(batch["x"]), batch["y"])
 
     def summarize(self, means: dict[str, float]) -> dict[str, float]:
         loss = means["loss"]

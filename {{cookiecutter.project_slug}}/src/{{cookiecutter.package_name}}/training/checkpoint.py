@@ -98,6 +98,8 @@ class Checkpointer:
         scheduler: Any,
         config: dict[str, Any],
         host_read: Callable[[], AbstractContextManager[None]],
+        *,
+        stream_state: Callable[[Progress], str] | None = None,
     ) -> None:
         self.steps = CheckpointStore(directory, keep, async_save, preemption)
         self.best = CheckpointStore(directory.rstrip("/") + "-best", 1, async_save)
@@ -107,6 +109,8 @@ class Checkpointer:
         self.scheduler = scheduler
         self.config = config
         self.host_read = host_read
+        self.stream_state = stream_state  # a resumable stream's state after the trained batches
+        self.restored_stream = ""  # the state a restored checkpoint held for this host's stream
         self.last_good: str | None = None
         self.saved_step: int | None = None  # the step the last regular save wrote
         self.names = {p: strategy.plain_name(n) for n, p in model.named_parameters()}
@@ -134,7 +138,11 @@ class Checkpointer:
             "progress": progress.to_dict(),
             "config": self.config,
             "rng": {f"host{runtime.process_index()}": rng_states()},
+            "data": {f"host{runtime.process_index()}": {"stream": self._stream(progress)}},
         }
+
+    def _stream(self, progress: Progress) -> str:
+        return self.stream_state(progress) if self.stream_state is not None else ""
 
     def weights_finite(self) -> bool:
         with self.host_read():
@@ -165,6 +173,8 @@ class Checkpointer:
         host = f"host{runtime.process_index()}"
         if not any(key.startswith(f"rng.{host}.") for key in saved_keys(path)):
             state["rng"] = {}  # saved by fewer hosts: this one keeps its own generators
+        if f"data.{host}.stream" not in saved_keys(path):
+            state["data"] = {}  # saved before streams were, or by fewer hosts: replayed
         read(path, state)
         self.strategy.load_model_state_dict(self.model, state["model"])
         saved = state["optimizer"]["state"]
@@ -177,6 +187,7 @@ class Checkpointer:
         ):
             group.update({k: v for k, v in saved.items() if k != "params"})
         self.scheduler.load_state_dict(state["scheduler"])
+        self.restored_stream = str(state["data"].get(host, {}).get("stream", ""))
         rng = state["rng"].get(host)
         if rng is not None:
             restore_rng_states(rng)

@@ -114,7 +114,8 @@ class TrainConfig:
                 f"run_dir {self.run_dir!r} must be a local directory (logs, TensorBoard); "
                 "put checkpoints on remote storage with checkpoint_dir"
             )
-        if self.data and not self.data.startswith("hf:") and not Path(self.data).exists():
+        local = self.data and not self.data.startswith("hf:") and "://" not in self.data
+        if local and not Path(self.data).exists():
             raise ConfigError(f"data path {self.data!r} does not exist")
         if self.lora:
             from ..hf import HFConfigError

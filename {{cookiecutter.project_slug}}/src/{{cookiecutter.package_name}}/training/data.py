@@ -14,9 +14,10 @@ def training_data(
 ) -> tuple[DeviceFeeder, int | None]:
     """The device feeder of this process's shard, and optimizer steps per epoch (None: a stream).
 
-    Every process reads its own part: map-style datasets through a DistributedSampler
-    (reshuffled each epoch), streams by taking every replicas-th sample. The ragged last
-    batch is dropped: a smaller batch would compile a new graph.
+    Every process reads its own part: map-style datasets through a ShardSampler (a
+    DistributedSampler in constant memory, reshuffled each epoch, that a resumed run starts
+    at its position), streams by taking every replicas-th sample. The ragged last batch is
+    dropped: a smaller batch would compile a new graph.
     """
     dataset = task.train_dataset()
     replicas, rank = strategy.data_layout()

@@ -12,10 +12,10 @@ from torch import nn
 from ..core import DeviceFeeder, Precision, Strategy, eval_dataloader, ops
 from ..core.data import VALID_KEY
 from ..core.launcher import Plan
-from ..tasks import Task, block_class, load_task, summarize
+from ..tasks import WEIGHT, Task, block_class, load_task, summarize
 from .config import TrainConfig
 
-SAMPLES = "__samples__"  # the count of real samples, kept beside the task's metrics
+SAMPLES = "__samples__"  # the weight of the real samples (their count), beside the metrics
 
 HostRead = Callable[[], contextlib.AbstractContextManager[None]]
 
@@ -25,7 +25,8 @@ class Evaluator:
 
     The loader pads the last batches and flags padded samples in a `valid` key that the
     task never sees: per-sample metrics are multiplied by it here, summed across
-    replicas on the device, read once, and averaged over the real samples.
+    replicas on the device, read once, and averaged over the real samples (weighted by
+    the task's `weight` metric when it gives one: tokens that carry loss, not samples).
     """
 
     def __init__(
@@ -90,6 +91,9 @@ class Evaluator:
         with self.precision.forward_context():
             per_sample = self.task.metrics(model, inputs)
         rows = valid.shape[0]
+        weight = per_sample.pop(WEIGHT, None)
+        if weight is not None:
+            valid = valid * weight.float()
         for key, value in per_sample.items():
             if value.shape != (rows,):
                 raise ValueError(

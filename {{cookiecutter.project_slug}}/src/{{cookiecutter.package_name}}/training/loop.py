@@ -92,6 +92,7 @@ def fit(
     saver = Checkpointer(
         directory, cfg.keep_checkpoints, cfg.async_checkpoint, plan.accelerator == "tpu",
         strategy, model, optimizer, scheduler, cfg.to_dict(), watch.host_read,
+        stream_state=lambda done: train_feeder.stream_state(done.batches_done * cfg.grad_accum),
     )  # fmt: skip
     progress = Progress()
     resume_from = resume_location(cfg.resume, directory)
@@ -148,8 +149,10 @@ def fit(
         while progress.step < total and status == "completed":
             micro: list[torch.Tensor] = []  # losses of the step's micro-batches so far
             stepped = progress.step
-            skip = progress.batches_done * cfg.grad_accum
-            for batch in train_feeder.epoch(progress.epoch, skip):
+            skip = progress.batches_done * cfg.grad_accum  # started there, not read again
+            batches = train_feeder.epoch(progress.epoch, skip, saver.restored_stream)
+            saver.restored_stream = ""  # the next epoch starts the stream afresh
+            for batch in batches:
                 micro.append(step(batch, last_micro=len(micro) + 1 == cfg.grad_accum))
                 if len(micro) < cfg.grad_accum:
                     continue
@@ -168,8 +171,9 @@ def fit(
                     reporter.line(throughput_line(first))
                     meter.start(at)
                 on_cadence = due(cadence, at)
-                # Processes must agree to stop, or one would wait forever in a collective.
-                with watch.host_read():
+                # Processes must agree to stop, or one would wait forever in a collective;
+                # they exchange their flags (a host read) on the cadence only.
+                with watch.host_read(possible=on_cadence):
                     if strategy.agree_to_stop(bool(diverged), on_cadence):
                         status = "diverged"
                         break
@@ -186,7 +190,7 @@ def fit(
                     break
                 watch.after_step(at, evaluate.runs)
                 diagnostics.after_step(at, watch.clock)
-                with watch.host_read():
+                with watch.host_read(possible=on_cadence):
                     requested = strategy.agree_to_stop(preemption.requested, on_cadence)
                 if requested or saver.reached_preemption(at):
                     status = "preempted"

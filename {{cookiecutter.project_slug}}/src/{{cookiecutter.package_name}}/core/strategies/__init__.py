@@ -1,8 +1,9 @@
 """Strategies: how a run spreads over devices. Only this package asks which one runs.
 
 `single` (one device), `ddp` (one process per device), `spmd` (one process per host,
-data parallel over a mesh) and `fsdp` (FSDPv2: parameters, gradients and optimizer
-state sharded over a mesh). `auto` picks `single` for one device and `spmd` for more.
+data parallel over a mesh) and `fsdp` (parameters, gradients and optimizer state sharded
+over a mesh; with a `tensor` axis, two ways: see core/sharding.py). `auto` picks `single`
+for one device and `spmd` for more.
 """
 
 from __future__ import annotations

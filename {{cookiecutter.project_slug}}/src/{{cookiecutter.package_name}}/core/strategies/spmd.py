@@ -23,6 +23,7 @@ from ..sharding import (
     layout,
     mesh_devices,
     mesh_text,
+    over_slices,
     parse_mesh,
     state_spec,
 )
@@ -85,6 +86,7 @@ class SpmdDataParallel(Strategy):
                 "use --devices all or the host's device count"
             )
         self.check_mesh_size(runtime.global_device_count())
+        over_slices(self.mesh_shape(), runtime.mesh_slice_count())  # refused here, not at first use
 
     def check_mesh_size(self, devices: int) -> None:
         """Refuse a mesh whose size is not the job's device count."""
@@ -100,15 +102,20 @@ class SpmdDataParallel(Strategy):
         return self.mesh_request or ((self.sharded_axis, runtime.global_device_count()),)
 
     def mesh(self) -> Any:
+        """The device mesh; over several slices, torch_xla's hybrid mesh (see over_slices)."""
         if self._mesh is None:
             import numpy as np
             import torch_xla.distributed.spmd as xs
 
             shape = self.mesh_shape()
-            sizes = tuple(size for _, size in shape)
-            self._mesh = xs.Mesh(
-                np.arange(int(np.prod(sizes))), sizes, tuple(axis for axis, _ in shape)
-            )
+            names = tuple(axis for axis, _ in shape)
+            slices = runtime.mesh_slice_count()
+            if slices > 1:
+                ici, dcn = over_slices(shape, slices)
+                self._mesh = xs.HybridMesh(ici_mesh_shape=ici, dcn_mesh_shape=dcn, axis_names=names)
+            else:
+                sizes = tuple(size for _, size in shape)
+                self._mesh = xs.Mesh(np.arange(int(np.prod(sizes))), sizes, names)
         return self._mesh
 
     def mesh_axes(self) -> dict[str, int]:
@@ -185,8 +192,10 @@ class SpmdDataParallel(Strategy):
         for name, param in model.named_parameters(remove_duplicate=False):
             names.setdefault(id(param), []).append(name)  # a tied parameter has several
             params[id(param)] = param
-        shapes = {key: tuple(param.shape) for key, param in params.items()}
-        self.specs = layout(names, shapes, rules, self.mesh_axes())
+        by_name = {found[0]: found for found in names.values()}
+        shapes = {found[0]: tuple(params[key].shape) for key, found in names.items()}
+        specs = layout(by_name, shapes, rules, self.mesh_axes())
+        self.specs = {key: specs[found[0]] for key, found in names.items()}
         for key, spec in self.specs.items():
             xs.mark_sharding(params[key], self.mesh(), spec)
 
@@ -223,10 +232,10 @@ class SpmdDataParallel(Strategy):
         import torch_xla.distributed.spmd as xs
 
         for param, state in optimizer.state.items():
-            spec = self.specs.get(id(param))
             for value in state.values():
                 if not (torch.is_tensor(value) and value.device.type == "xla" and value.dim()):
                     continue
+                spec = self.specs.get(id(param))
                 xs.mark_sharding(value, self.mesh(), state_spec(spec, param.shape, value.shape))
 
     # ---- collectives ------------------------------------------------------------------

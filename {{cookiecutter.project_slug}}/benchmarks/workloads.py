@@ -1,0 +1,148 @@
+"""The benchmark's workloads: what each trains, for how long, on how many devices.
+
+Every contender of a workload trains the same model on the same data with the same batch
+size and the defaults of `TrainConfig` (`CONFIG`): AdamW, warm-up + cosine schedule,
+gradient clipping at 1.0, fp32, the loss read every `LOG_EVERY` steps.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from {{ cookiecutter.package_name }}.tasks import available, load_task
+from {{ cookiecutter.package_name }}.training import TrainConfig
+
+WARMUP_STEPS = 3  # the training loop's own timer also starts after step 3
+LOG_EVERY = 20
+CONFIG = TrainConfig()  # the defaults every contender copies
+WORKLOADS = {
+    # name: (steps per run, rounds, devices, contenders)
+    "mlp": (128, 5, 1, ("hand-written", "trainer", "accelerate")),
+    "task": (43, 3, 1, ("hand-written", "trainer", "accelerate")),
+    "spmd": (64, 3, 8, ("hand-written", "trainer")),
+    "fsdp": (32, 3, 8, ("hand-written", "trainer")),
+    "hf-llama": (33, 3, 1, ("hand-written", "trainer")),
+    "ckpt": (60, 3, 1, ("trainer", "trainer+sync saves", "trainer+async saves")),
+}
+CHECKPOINT_EVERY = 10  # the ckpt workload: steps/s while saving this often
+# The trainer's steps/s against the hand-written loop's: at least this (0.98 elsewhere).
+TRAINER_TARGET = {"task": 1.0, "hf-llama": 1.0}
+STRATEGY = {"spmd": "spmd", "fsdp": "fsdp"}  # workload -> strategy; the rest: one device
+FSDP_BATCH = 4  # per device: the task's global batch of 32 over 8 devices
+DEPTHS = "2,8,24"  # blocks of the depth sweep
+DEPTH_STEPS = 8
+# The hf-llama workload: big enough that a step is the model's compute, not Python's tracing.
+HF_LLAMA = {"seq_len": 128, "dim": 256, "layers": 2, "heads": 8, "kv_heads": 4, "mlp_dim": 688}
+HF_LLAMA_BATCH = 16
+HF_EXAMPLE = "hf-causal-lm"
+
+
+class Pairs(Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[index], "y": self.y[index]}
+
+
+class MlpTask:
+    """An MLP 64-256-10 on synthetic data: 4096 samples, 32 steps of 128 per epoch."""
+
+    name = "mlp"
+    batch_size = 128
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(5120, 64, generator=generator)
+        self.y = torch.randint(0, 10, (5120,), generator=generator)
+
+    def build_model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+
+    def train_dataset(self) -> Pairs:
+        return Pairs(self.x[:4096], self.y[:4096])
+
+    def eval_dataset(self) -> Pairs:
+        return Pairs(self.x[4096:], self.y[4096:])
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return F.cross_entropy(model(batch["x"]), batch["y"])
+
+    def metrics(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"loss": F.cross_entropy(model(batch["x"]), batch["y"], reduction="none")}
+
+
+class LlamaTask:
+    """The hf-causal-lm example's Llama (`HF_LLAMA`), for bakes without that example.
+
+    Built by the same `hf.models` functions; its data are random bytes, since a step
+    costs the same whatever the tokens.
+    """
+
+    name = "hf-llama"
+    batch_size = HF_LLAMA_BATCH
+
+    def __init__(self) -> None:
+        from {{ cookiecutter.package_name }}.hf.byte_tokenizer import BYTE_VOCAB
+        from {{ cookiecutter.package_name }}.hf.models import Sizes, decoder_config
+
+        seq_len = HF_LLAMA["seq_len"]
+        sizes = {key: value for key, value in HF_LLAMA.items() if key != "seq_len"}
+        self.config = decoder_config("llama", Sizes(BYTE_VOCAB, seq_len, **sizes))
+        generator = torch.Generator().manual_seed(0)
+        self.windows = torch.randint(0, BYTE_VOCAB, (2304, seq_len + 1), generator=generator)
+
+    def build_model(self) -> nn.Module:
+        from {{ cookiecutter.package_name }}.hf.models import build_decoder
+
+        return build_decoder(self.config)
+
+    def train_dataset(self) -> Pairs:
+        return Pairs(self.windows[:2048, :-1], self.windows[:2048, 1:])
+
+    def eval_dataset(self) -> Pairs:
+        return Pairs(self.windows[2048:, :-1], self.windows[2048:, 1:])
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = model(input_ids=batch["x"]).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch["y"].flatten())
+
+    def metrics(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        logits = model(input_ids=batch["x"]).logits.float()
+        per_token = F.cross_entropy(logits.transpose(1, 2), batch["y"], reduction="none")
+        return {"loss": per_token.mean(dim=1)}
+
+
+def skip_reason(name: str) -> str | None:
+    """Why this bake cannot run the workload (None: it can)."""
+    if name == "hf-llama" and importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed (pip install -e '.[hf]')"
+    return None
+
+
+def make_workload(name: str) -> Any:
+    if name in ("mlp", "spmd"):
+        return MlpTask()
+    if name == "hf-llama":
+        if HF_EXAMPLE.replace("-", "_") not in available():
+            return LlamaTask()
+        task = load_task(HF_EXAMPLE, options=HF_LLAMA)  # the bake's own example, resized
+        task.batch_size = HF_LLAMA_BATCH
+        return task
+    task = load_task(CONFIG.task)
+    task.batch_size = FSDP_BATCH if name == "fsdp" else CONFIG.batch_size
+    return task
+
+
+def log_reads(steps: int) -> int:
+    """Loss reads at the logging cadence, the last step included (as the training loop logs)."""
+    return steps // LOG_EVERY + (1 if steps % LOG_EVERY else 0)

@@ -1,0 +1,55 @@
+"""The `prepare` command: the task's tokenizer and sequence length, from the run's config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .encoding import BYTE_VOCAB, Tokenizer
+from .manifest import DataError
+
+INPUTS_HELP = "Files, folders, globs or gs:// URLs of .txt, .jsonl/.json or .parquet; or hf:NAME."
+
+
+def task_tokenizer(task: Any) -> tuple[Tokenizer, int]:
+    """The task's tokenizer (its `tokenizer`, a Hugging Face one; None: bytes), and its model's
+    vocabulary size (`vocab_size`; bytes: 256)."""
+    tokenizer = Tokenizer(getattr(task, "tokenizer", None))
+    return tokenizer, int(getattr(task, "vocab_size", None) or tokenizer.size or BYTE_VOCAB)
+
+
+def prepare_command(
+    inputs: Annotated[list[str], typer.Argument(help=INPUTS_HELP, show_default=False)],
+    out: Annotated[str, typer.Option(help="The prepared dataset: a new folder or gs:// URL.")],
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="The run's config: task, seq_len.")
+    ] = None,
+    field: Annotated[str, typer.Option(help="The text field of JSON records / Parquet.")] = "text",
+    eval_fraction: Annotated[float, typer.Option(help="Share of documents held out.")] = 0.01,
+    num_proc: Annotated[int, typer.Option(help="Tokenizing processes (0: one per core).")] = 0,
+    sets: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="Override a config key: key=value.")
+    ] = None,
+) -> None:
+    """Tokenize, pack and split a corpus once, for `train --data OUT` (any size, local or gs://)."""
+    from ..cli import _resolve, fail
+    from ..tasks import load_task
+    from .prepare import Settings, prepare
+
+    cfg = _resolve(config, sets, {})
+    try:
+        task = load_task(cfg.task, "", cfg.task_options)  # its tokenizer, not its data
+        tokenizer, vocab = task_tokenizer(task)
+        seq_len = int(getattr(task, "seq_len", 0) or cfg.task_options.get("seq_len", 0))
+        settings = Settings(seq_len, field, eval_fraction, num_proc)
+        manifest, reused = prepare(inputs, out, tokenizer, vocab, settings, typer.echo)
+    except KeyboardInterrupt:
+        fail("interrupted: nothing was written", 130)
+    except (DataError, ValueError, OSError) as error:
+        fail(str(error))
+    if reused:
+        typer.echo(f"up to date: {out} was prepared from these inputs with these settings")
+    typer.echo(f"prepared {out}: {manifest.summary()}")
+    typer.echo(f"train with: --data {out}")

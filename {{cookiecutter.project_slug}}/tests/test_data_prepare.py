@@ -1,0 +1,332 @@
+"""`prepare`: text, JSON lines and Parquet into packed windows, once; one line for bad input."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from {{ cookiecutter.package_name }}.cli import app
+from {{ cookiecutter.package_name }}.data.encoding import BYTE_EOD, IGNORE, Tokenizer, held_out
+from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
+
+from data_helpers import (
+    corpus_jsonl,
+    documents,
+    manifest,
+    prompt_completion_jsonl,
+    read_windows,
+    write_jsonl,
+    write_parquet,
+)
+from training_helpers import cli_env
+
+runner = CliRunner()
+SEQ_LEN = 16
+
+
+def prepare_bytes(inputs: list[Path], out: Path, **settings: object) -> object:
+    options = {"seq_len": SEQ_LEN, "eval_fraction": 0.1, **settings}
+    return prepare([str(p) for p in inputs], str(out), Tokenizer(), 256, Settings(**options))  # type: ignore[arg-type]
+
+
+def test_documents_are_packed_in_order_with_an_end_id_between_them(tmp_path: Path) -> None:
+    """It concatenates each split's documents, each ended by id 255, into windows of seq_len+1."""
+    texts = documents(300)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in texts])
+    summary, _ = prepare_bytes([source], tmp_path / "out")
+
+    evaluated = held_out(np.arange(len(texts)), 0.1)
+    for split, chosen in (("train", ~evaluated), ("eval", evaluated)):
+        kept = [t for t, keep in zip(texts, chosen, strict=True) if keep]
+        stream = b"".join(t.encode() + bytes([BYTE_EOD]) for t in kept)
+        windows = read_windows(tmp_path / "out", split)["input_ids"]
+        flat = bytes(i for window in windows for i in window)
+        assert all(len(w) == SEQ_LEN + 1 for w in windows)
+        assert flat == stream[: len(flat)] and len(stream) - len(flat) < SEQ_LEN + 1
+    total = sum(len(t.encode()) + 1 for t in texts)
+    assert summary.tokens == total  # type: ignore[attr-defined]
+    assert summary.sequences_total * (SEQ_LEN + 1) + summary.dropped_tokens == total  # type: ignore[attr-defined]
+
+
+def test_held_out_documents_are_an_even_share() -> None:
+    """It holds out close to the asked share of documents, spread through the corpus."""
+    chosen = held_out(np.arange(10_000), 0.05)
+    assert 0.045 < chosen.mean() < 0.055
+    assert all(0.03 < part.mean() < 0.07 for part in np.array_split(chosen, 10))
+
+
+def test_text_jsonl_and_parquet_give_the_same_windows(tmp_path: Path) -> None:
+    """It reads a text field of JSON lines, a Parquet column and lines of text alike."""
+    texts = documents(200, words=(1, 8))
+    write_jsonl(tmp_path / "in" / "c.jsonl", [{"body": t, "n": i} for i, t in enumerate(texts)])
+    write_parquet(tmp_path / "in" / "c.parquet", {"body": texts, "n": list(range(len(texts)))})
+    (tmp_path / "in" / "c.txt").write_text("\n".join(texts) + "\n")
+
+    prepare_bytes([tmp_path / "in" / "c.jsonl"], tmp_path / "j", field="body")
+    prepare_bytes([tmp_path / "in" / "c.parquet"], tmp_path / "p", field="body")
+    prepare_bytes([tmp_path / "in" / "c.txt"], tmp_path / "t")  # a line is a document
+
+    json_lines, parquet = read_windows(tmp_path / "j"), read_windows(tmp_path / "p")
+    assert json_lines == parquet == read_windows(tmp_path / "t")
+
+
+def test_globs_and_folders_name_every_file(tmp_path: Path) -> None:
+    """It reads every file a glob or a folder names, in sorted order."""
+    for part in range(3):
+        corpus_jsonl(tmp_path / "in" / f"part{part}", count=50, seed=part)
+    by_glob, _ = prepare_bytes([tmp_path / "in" / "part*" / "corpus.jsonl"], tmp_path / "g")
+    by_folder, _ = prepare_bytes([tmp_path / "in"], tmp_path / "f")
+    assert by_glob.documents == by_folder.documents == 150  # type: ignore[attr-defined]
+    assert len(by_glob.inputs) == 3  # type: ignore[attr-defined]
+    assert read_windows(tmp_path / "g") == read_windows(tmp_path / "f")
+
+
+def test_a_dataset_prepared_among_its_inputs_is_not_read_as_one(tmp_path: Path) -> None:
+    """It skips the files of a prepared dataset inside the input folder: a rerun reuses it."""
+    corpus_jsonl(tmp_path / "in")
+    first, _ = prepare_bytes([tmp_path / "in"], tmp_path / "in" / "prepared")
+    again, reused = prepare_bytes([tmp_path / "in"], tmp_path / "in" / "prepared")
+    assert reused and again.inputs == first.inputs == [str(tmp_path / "in" / "corpus.jsonl")]  # type: ignore[attr-defined]
+
+
+def test_preparing_again_reuses_the_result(tmp_path: Path) -> None:
+    """It reuses a dataset prepared from the same inputs and settings, and refuses to mix."""
+    source = corpus_jsonl(tmp_path)
+    first, reused_first = prepare_bytes([source], tmp_path / "out")
+    written = (tmp_path / "out" / "prepared.json").stat().st_mtime_ns
+    again, reused_again = prepare_bytes([source], tmp_path / "out")
+
+    assert (reused_first, reused_again) == (False, True)
+    assert again == first
+    assert (tmp_path / "out" / "prepared.json").stat().st_mtime_ns == written
+    with pytest.raises(ValueError, match="already holds other data"):
+        prepare_bytes([source], tmp_path / "out", seq_len=8)
+
+
+def test_prompt_tokens_carry_no_loss(tmp_path: Path) -> None:
+    """It masks every target that belongs to a prompt (-100) and keeps completions and ends."""
+    source = prompt_completion_jsonl(tmp_path)
+    summary, _ = prepare_bytes([source], tmp_path / "out")
+    windows = read_windows(tmp_path / "out")
+
+    ids = np.array(windows["input_ids"])[:, 1:]  # the targets of each window
+    labels = np.array(windows["labels"])[:, 1:]
+    prompt = ((ids >= ord("A")) & (ids <= ord("Z"))) | (ids == ord("_"))  # as the prompts are
+    assert (labels[prompt] == IGNORE).all()
+    assert (labels[~prompt] == ids[~prompt]).all()
+    share = summary.loss_tokens / (summary.sequences_total * SEQ_LEN)  # type: ignore[attr-defined]
+    assert 0.0 < share < 1.0 and manifest(tmp_path / "out")["masked"]
+
+
+def invoke_prepare(*args: str) -> tuple[int, list[str]]:
+    result = runner.invoke(app, ["prepare", *args])
+    return result.exit_code, result.stderr.strip().splitlines()
+
+
+def _undecodable(folder: Path) -> Path:
+    path = folder / "bad.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    return path
+
+
+BAD_INPUT = {
+    "missing-path": (lambda tmp: tmp / "no-such.jsonl", [], "does not exist"),
+    "missing-field": (
+        corpus_jsonl,
+        ["--field", "body"],
+        "has no field 'body' (its fields: id, text)",
+    ),
+    "column-not-text": (
+        lambda tmp: write_parquet(tmp / "c.parquet", {"text": [1, 2, 3]}),
+        [],
+        "field 'text' of",
+    ),
+    "empty-corpus": (lambda tmp: write_jsonl(tmp / "e.jsonl", []), [], "empty"),
+    "empty-texts": (lambda tmp: write_jsonl(tmp / "e.jsonl", [{"text": ""}] * 5), [], "no text"),
+    "undecodable": (_undecodable, [], "bad.jsonl:2 (byte 30)"),
+    "unknown-format": (
+        lambda tmp: (tmp / "c.csv").write_text("a,b\n") and tmp / "c.csv",
+        [],
+        "not a corpus file",
+    ),
+    "too-short": (lambda tmp: corpus_jsonl(tmp, count=2), [], "fills no sequence"),
+}
+
+
+@pytest.mark.parametrize("make,args,message", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_input_fails_with_one_line_and_writes_nothing(  # type: ignore[no-untyped-def]
+    tmp_path: Path, make, args: list[str], message: str
+) -> None:
+    """It refuses bad input with one line, exit code 2, and leaves no prepared dataset."""
+    source = make(tmp_path)
+    out = tmp_path / "prepared"
+    code, lines = invoke_prepare(str(source), "--out", str(out), *args)
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+    assert not out.exists()
+    assert not list(tmp_path.glob(".partial-*"))
+
+
+def test_hub_data_without_datasets_says_what_to_install(tmp_path: Path) -> None:
+    """It names the package to install for hf: data when `datasets` is missing."""
+    blocked = "import sys; sys.modules['datasets'] = None; "
+    run = "from {{ cookiecutter.package_name }}.cli import main; main()"
+    out = str(tmp_path / "o")
+    result = subprocess.run(
+        [sys.executable, "-c", blocked + run, "prepare", "hf:wikitext", "--out", out],
+        env=cli_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: hf:wikitext needs the `datasets` package, which is not installed: pip install "
+        "'datasets>=5.2,<6' (or reinstall the project: pip install -e .)"
+    ]
+
+
+def test_interrupted_prepare_leaves_nothing_behind(tmp_path: Path) -> None:
+    """It removes its work when stopped by SIGTERM: no dataset, no partial folder."""
+    source = corpus_jsonl(tmp_path, count=60_000)
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare", str(source)]
+    process = subprocess.Popen(
+        [*command, "--out", str(tmp_path / "out"), "--num-proc", "1"],
+        env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    for line in process.stdout:  # the corpus is read: tokenizing has begun
+        if "documents (text)" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 130, output
+    assert "error: interrupted: nothing was written" in output
+    assert not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob(".partial-*"))
+
+
+def test_make_prepare_writes_a_prepared_dataset(tmp_path: Path) -> None:
+    """It prepares INPUTS into OUT through `make prepare`, and says how to train on it."""
+    project = Path(__file__).resolve().parents[1]
+    source = corpus_jsonl(tmp_path)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        ["make", "-C", str(project), f"VENV={sys.prefix}", "prepare", f"INPUTS={source}",
+         f"OUT={out}", "ARGS=--set task_options.seq_len=16"],
+        env=cli_env(), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"train with: --data {out}" in result.stdout
+    assert manifest(out)["documents"] == 400
+{%- if cookiecutter.example_task == "hf-causal-lm" %}
+
+
+# A chat template in Jinja, spelled so that no template marker is left in this file once the
+# project is generated from it.
+BLOCK, END, VALUE, DONE = "{" + "%", "%" + "}", "{" + "{", "}" + "}"
+CHAT_TEMPLATE = (
+    f"{BLOCK} for m in messages {END}<|{VALUE} m['role'] {DONE}|>{VALUE} m['content'] {DONE}"
+    f"<|end|>{BLOCK} endfor {END}{BLOCK} if add_generation_prompt {END}<|assistant|>"
+    f"{BLOCK} endif {END}"
+)
+
+
+def tiny_model(folder: Path, vocab_shortfall: int = 0) -> Path:
+    """A tiny Llama and a BPE tokenizer trained here, with an end token and a chat template."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = RustTokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    special = ["<unk>", "<eos>", "<|user|>", "<|assistant|>", "<|end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=special, show_progress=False)
+    bpe.train_from_iterator(documents(500), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = LlamaConfig(
+        vocab_size=len(tokenizer) - vocab_shortfall, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_prepare_tokenizes_with_the_models_own_tokenizer(tmp_path: Path) -> None:
+    """It tokenizes with the model's tokenizer and ends each document with its eos id."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path / "model")
+    source = corpus_jsonl(tmp_path, count=300)
+    code, lines = invoke_prepare(
+        str(source), "--out", str(tmp_path / "out"), "--set", f"task_options.model_name={model}",
+        "--set", "task_options.seq_len=16",
+    )  # fmt: skip
+    assert code == 0, lines
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    windows = read_windows(tmp_path / "out")["input_ids"]
+    text = tokenizer.decode([i for w in windows for i in w])
+    assert "<eos>" in text and "alpha" in text
+    assert manifest(tmp_path / "out")["eod_id"] == tokenizer.eos_token_id
+
+
+def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path: Path) -> None:
+    """It refuses a tokenizer whose ids the model's embeddings cannot hold, in one line."""
+    model = tiny_model(tmp_path / "model", vocab_shortfall=10)
+    out = tmp_path / "out"
+    code, lines = invoke_prepare(
+        str(corpus_jsonl(tmp_path)), "--out", str(out), "--set", f"task_options.model_name={model}"
+    )
+    assert code == 2 and len(lines) == 1
+    assert "more than the model's vocabulary" in lines[0] and not out.exists()
+
+
+def test_dataset_of_another_tokenizer_is_refused(tmp_path: Path) -> None:
+    """It refuses to train on ids made by another tokenizer (here bytes), in one line."""
+    from training_helpers import cli, write_config
+
+    model = tiny_model(tmp_path / "model")
+    out = tmp_path / "out"
+    prepared = invoke_prepare(
+        str(corpus_jsonl(tmp_path)), "--out", str(out), "--set", "task_options.seq_len=16"
+    )
+    assert prepared[0] == 0, prepared
+    options = {"model_name": str(model), "seq_len": 16}
+    config = write_config(tmp_path, max_steps=1, task_options=options)
+    run_dir = str(tmp_path / "r")
+    result = cli("train", "--config", str(config), "--data", str(out), "--run-dir", run_dir)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1
+    assert "was prepared with tokenizer bytes" in lines[0]
+
+
+def test_chat_loss_falls_on_assistant_turns_only(tmp_path: Path) -> None:
+    """It renders messages with the chat template and masks all but the assistant's turns."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path / "model")
+    turns = [("user", "alpha beta"), ("assistant", "gamma"), ("user", "delta"),
+             ("assistant", "eta theta")]  # fmt: skip
+    chats = [{"messages": [{"role": r, "content": c} for r, c in turns]} for _ in range(100)]
+    source = write_jsonl(tmp_path / "chat.jsonl", chats)
+    code, lines = invoke_prepare(
+        str(source), "--out", str(tmp_path / "out"), "--set", f"task_options.model_name={model}",
+        "--set", "task_options.seq_len=32", "--eval-fraction", "0.2",
+    )  # fmt: skip
+    assert code == 0, lines
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    windows = read_windows(tmp_path / "out")
+    carried = [i for row in windows["labels"] for i in row if i != IGNORE]
+    masked = [i for ids, labels in zip(windows["input_ids"], windows["labels"], strict=True)
+              for i, label in zip(ids, labels, strict=True) if label == IGNORE]  # fmt: skip
+    said = set(tokenizer.decode(carried).replace("<|end|>", " ").replace("<eos>", " ").split())
+    assert said == {"gamma", "eta", "theta"}  # and the end of each turn and conversation
+    heard = set(tokenizer.decode(masked).replace("|>", " ").replace("<|", " ").split())
+    assert {"alpha", "beta", "delta"} <= heard and not heard & {"gamma", "eta", "theta"}
+{%- endif %}
