@@ -4,6 +4,7 @@ autograd keeps, the smallest slice that fits, and one clear line for every bad i
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,14 +25,14 @@ from {{ cookiecutter.package_name }}.planning.estimate import BatchSize, Planner
 from {{ cookiecutter.package_name }}.planning.workload import Workload, from_task
 from {{ cookiecutter.package_name }}.training.config import build_config
 
-from training_helpers import TINY, cli, write_config
+from training_helpers import TINY, cli, cli_env, write_config
 
 runner = CliRunner()
 {% if cookiecutter.example_task == "vision" %}
 # The vision example has no tensor-parallel rules: its meshes split the batch and the state.
 MEASURED_MESHES = ["fsdp=8", "data=2,fsdp=4"]
 {%- else %}
-MEASURED_MESHES = ["fsdp=8", "fsdp=4,tensor=2", "data=2,fsdp=2,tensor=2"]
+MEASURED_MESHES = ["fsdp=8", "fsdp=4,tensor=2"]
 {%- endif %}
 
 
@@ -44,7 +45,7 @@ def plan(*args: str) -> dict[str, Any]:
 @pytest.mark.parametrize("mesh", MEASURED_MESHES)
 def test_plan_gives_the_bytes_per_device_a_run_measures(tmp_path: Path, mesh: str) -> None:
     """It estimates the parameter and AdamW bytes per device an 8-device run reports, exactly."""
-    config = write_config(tmp_path, max_steps=1)
+    config = write_config(tmp_path, max_steps=2)
     run_dir = tmp_path / "run"
     trained = cli(
         "train", "--config", str(config), "--devices", "8", "--strategy", "fsdp",
@@ -57,6 +58,9 @@ def test_plan_gives_the_bytes_per_device_a_run_measures(tmp_path: Path, mesh: st
 
     assert planned["param_bytes"] == measured["param_bytes_per_device"]
     assert planned["optimizer_bytes"] == measured["optimizer_bytes_per_device"]
+    state = planned["param_bytes"] + planned["optimizer_bytes"]
+    assert state == measured["state_bytes_per_device"]
+    assert state < measured["state_bytes_total"]  # split: the layout matters, not the sum
 
 
 def test_plan_runs_without_starting_torch_xla(tmp_path: Path) -> None:
@@ -86,10 +90,6 @@ def test_plan_runs_without_starting_torch_xla(tmp_path: Path) -> None:
 
 def cli_python(code: str) -> dict[str, Any]:
     """Run `code` in a fresh interpreter and read the JSON it prints last."""
-    import subprocess
-
-    from training_helpers import cli_env
-
     done = subprocess.run(
         [sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=600
     )
@@ -156,13 +156,15 @@ MEGATRON_RULES = (
 
 def toy_workload(task: ToyTask, dim: int, **config: Any) -> Workload:
     sample = {"x": torch.zeros(dim)}
-    return Workload(task, build_config(None, config), sample)  # type: ignore[arg-type]
+    settings = {"precision": "32-true", **config}  # whatever precision the project defaults to
+    return Workload(task, build_config(None, settings), sample)  # type: ignore[arg-type]
 
 
 def test_tensor_axis_splits_what_column_split_layers_produce() -> None:
     """It splits the saved tensors between a colwise and a rowwise layer over `tensor`."""
     dim, samples = 8, 4
-    planner = Planner(toy_workload(ToyTask(lambda: MegatronMlp(dim), sharding_rules=MEGATRON_RULES), dim))
+    task = ToyTask(lambda: MegatronMlp(dim), sharding_rules=MEGATRON_RULES)
+    planner = Planner(toy_workload(task, dim))
 
     estimate = planner.estimate((("tensor", 2),), global_batch=samples)
 
@@ -209,7 +211,7 @@ def test_checkpointing_keeps_block_inputs_and_one_recomputed_block() -> None:
 def test_activations_grow_linearly_with_the_batch(samples: int) -> None:
     """It extends activations recorded at 2 and 3 samples to any batch, as a forward would."""
     options = {key: value for key, value in TINY.items() if key != "eval_batch_size"}
-    workload = from_task(build_config(None, options))
+    workload = from_task(build_config(None, {**options, "precision": "32-true"}))
     planner = Planner(workload)
 
     estimate = planner.estimate((("fsdp", 1),), global_batch=samples)
@@ -247,16 +249,38 @@ def test_plan_prints_a_table_and_a_verdict(tmp_path: Path) -> None:
     done = cli("plan", "--config", str(config), "--accelerator-type", "v5p-8", "--batch-size", "2")
 
     assert done.returncode == 0, done.stderr[-3000:]
-    for row in ("parameters", "gradients", "optimizer state", "activations", "total", "verdict"):
-        assert f"\n{row} " in done.stdout, row
+    rows = {line.split("│")[1].strip(): line for line in done.stdout.splitlines() if "│" in line}
+    for row in ("parameters", "gradients", "optimizer state", "activations (model)", "total"):
+        assert "B │" in rows[row], row  # a size in both columns
+    assert rows["verdict"].count("fits") == 2 and "does not" not in rows["verdict"]
     assert "v5p-8: 4 devices of 95.0 GiB HBM; mesh fsdp=4" in done.stdout
-    assert "smallest v5p slice that fits (no checkpointing): v5p-8" in done.stdout
+    assert "smallest v5p slice that fits (no checkpointing): v5p-8, mesh fsdp=4" in done.stdout
 
-{%- if cookiecutter.example_task == "lm" %}
+
+def test_make_plan_plans_for_the_projects_tpu(tmp_path: Path) -> None:
+    """It plans through `make plan` for ACCELERATOR_TYPE, passing ARGS on."""
+    project = Path(__file__).resolve().parents[1]
+    config = write_config(tmp_path)
+    result = subprocess.run(
+        ["make", "-sC", str(project), f"VENV={sys.prefix}", "plan", "ACCELERATOR_TYPE=v6e-8",
+         f"ARGS=--config {config} --mesh data=2,fsdp=4 --json"],
+        env=cli_env(), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert (report["accelerator_type"], report["mesh"]) == ("v6e-8", "data=2,fsdp=4")
+    assert report["hbm_bytes_per_device"] == 32 * 2**30  # v6e: 32 GiB per chip
+
+
+{% if cookiecutter.example_task == "lm" -%}
+SPLIT_POSITIONS = 'sharding_rules=[["position", ["tensor", "-", "-"]]]'
 MODEL_MESH_ERRORS = {
-    "tensor-vs-heads": (["--mesh", "fsdp=2,tensor=4"], "does not divide the model's 2 attention heads"),
+    "tensor-vs-heads": (
+        ["--mesh", "fsdp=2,tensor=4"],
+        "does not divide the model's 2 attention heads",
+    ),
     "tensor-vs-parameter": (
-        ["--mesh", "fsdp=4,tensor=2", "--set", 'sharding_rules=[["position", ["tensor", "-", "-"]]]'],
+        ["--mesh", "fsdp=4,tensor=2", "--set", SPLIT_POSITIONS],
         "does not divide dimension 0 (1) of parameter 'position'",
     ),
     "unknown-axis-in-rule": (
@@ -264,7 +288,7 @@ MODEL_MESH_ERRORS = {
         "names unknown mesh axis 'model'",
     ),
 }
-{%- elif cookiecutter.example_task == "hf-causal-lm" %}
+{%- elif cookiecutter.example_task == "hf-causal-lm" -%}
 MODEL_MESH_ERRORS = {
     "tensor-vs-heads": (["--mesh", "fsdp=2,tensor=4"], "does not divide the model's 2 heads"),
     "tensor-vs-parameter": (
@@ -276,11 +300,12 @@ MODEL_MESH_ERRORS = {
         "names unknown mesh axis 'model'",
     ),
 }
-{%- else %}
+{%- else -%}
+SPLIT_CLASSES = 'sharding_rules=[["classifier.1.weight", ["tensor", "-"]]]'
 MODEL_MESH_ERRORS = {
     "tensor-without-rules": (["--mesh", "fsdp=4,tensor=2"], "no rule splits a parameter over it"),
     "tensor-vs-parameter": (
-        ["--mesh", "fsdp=2,tensor=4", "--set", 'sharding_rules=[["classifier.1.weight", ["tensor", "-"]]]'],
+        ["--mesh", "fsdp=2,tensor=4", "--set", SPLIT_CLASSES],
         "does not divide dimension 0 (10) of parameter 'classifier.1.weight'",
     ),
     "unknown-axis-in-rule": (
@@ -305,7 +330,7 @@ def test_plan_refuses_a_mesh_the_model_cannot_take(
 
 
 BAD_REQUESTS = {
-    "axis-does-not-divide": (["--mesh", "fsdp=3"], "mesh axis fsdp=3 does not divide the 8 devices"),
+    "axis-does-not-divide": (["--mesh", "fsdp=3"], "axis fsdp=3 does not divide the 8 devices"),
     "mesh-too-small": (["--mesh", "fsdp=4"], "mesh 'fsdp=4' has 4 devices but v5litepod-8 has 8"),
     "unknown-mesh-axis": (["--mesh", "model=8"], "unknown mesh axis 'model'"),
     "unknown-accelerator": (["--accelerator-type", "v9-8"], "unknown accelerator type 'v9-8'"),
@@ -315,6 +340,12 @@ BAD_REQUESTS = {
     "legacy-precision": (["--precision", "bf16-env"], "plan it as --precision bf16-true"),
     "both-batches": (["--batch-size", "2", "--global-batch", "16"], "not both"),
     "hf-config-without-seq-len": (["--hf-config", "any"], "--hf-config needs --seq-len"),
+    "architecture-without-size": (["--architecture", "llama"], "needs --size (a known size"),
+    "size-without-architecture": (["--size", "8b", "--seq-len", "8"], "give both"),
+    "two-model-sources": (
+        ["--architecture", "llama", "--size", "8b", "--hf-config", "any"],
+        "--hf-config or --architecture, not both",
+    ),
 }
 
 
@@ -348,6 +379,83 @@ def test_plan_sizes_a_hugging_face_config_without_its_weights(tmp_path: Path) ->
     assert split["parameters"].startswith("parameters: ")
     assert 0 < split["per_device"]["gradient_bytes"] < split["per_device"]["param_bytes"] / 10
     assert split["blocks"] == 2
+
+
+LLAMA3 = {  # the published configs' shapes (meta-llama/Meta-Llama-3-8B, -70B)
+    "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256},
+    "70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+            "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256},
+}  # fmt: skip
+SHORT = ["--seq-len", "64", "--batch-size", "1", "--precision", "bf16-mixed", "--mesh", "fsdp=8"]
+
+
+def needs_transformers() -> Any:
+    return pytest.importorskip("transformers", reason="a Hugging Face model needs the hf extra")
+
+
+def llama_parameters(size: str) -> int:
+    """Parameters of a LlamaForCausalLM of that size, counted on the meta device."""
+    transformers = needs_transformers()
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA3[size]))
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_llama3_8b_by_name_plans_as_its_saved_config(tmp_path: Path) -> None:
+    """It plans `--architecture llama --size 8b` byte for byte as Llama 3 8B's saved config."""
+    count = llama_parameters("8b")
+    needs_transformers().LlamaConfig(**LLAMA3["8b"]).save_pretrained(tmp_path / "8b")
+
+    by_name = plan("--architecture", "llama", "--size", "8b", *SHORT)
+    saved = plan("--hf-config", str(tmp_path / "8b"), *SHORT)
+
+    assert by_name["parameter_count"] == saved["parameter_count"] == count
+    assert by_name["per_device"] == saved["per_device"]
+    fp32_share = count * 4 / 8  # bf16-mixed keeps fp32 weights; fsdp=8 splits them 8 ways
+    assert fp32_share <= by_name["per_device"]["param_bytes"] < 1.001 * fp32_share
+
+
+def test_llama3_70b_by_name_has_its_parameters() -> None:
+    """It builds Llama 3 70B's shape by name, and 70B parameters do not fit one v5e-8."""
+    count = llama_parameters("70b")
+
+    report = plan("--architecture", "llama", "--size", "70b", *SHORT)
+
+    assert report["parameter_count"] == count
+    assert report["fits"] == {"without_checkpointing": False, "with_checkpointing": False}
+    found = report["smallest"]["with_checkpointing"]
+    assert int(found["accelerator_type"].split("-")[1]) > 8
+    assert found["per_device"]["total_bytes_checkpointed"] <= report["usable_bytes_per_device"]
+
+
+ARCHITECTURE_ERRORS = {
+    "unknown-size": (["--size", "13b"], "'13b' is not a known llama size: llama sizes are 8b, 70b"),
+    "size-left-out": (["--size", "dim=64"], "--size leaves out vocab, layers, heads"),
+    "unknown-field": (["--size", "8b,width=3"], "--size field 'width' is unknown"),
+    "unknown-architecture": (
+        ["--architecture", "bert", "--size", "8b"],
+        "unknown architecture 'bert'",
+    ),
+    "tensor-vs-heads": (
+        ["--size", "vocab=256,dim=48,layers=1,heads=6", "--mesh", "fsdp=2,tensor=4"],
+        "tensor=4 does not divide the model's 6 heads",
+    ),
+}
+
+
+@pytest.mark.parametrize("args,message", ARCHITECTURE_ERRORS.values(), ids=ARCHITECTURE_ERRORS)
+def test_plan_refuses_a_shape_it_cannot_build_in_one_line(args: list[str], message: str) -> None:
+    """It names the size, field, architecture or head count that is wrong, exit code 2."""
+    needs_transformers()
+    request = ["plan", "--accelerator-type", "v5e-8", "--seq-len", "16", "--architecture", "llama"]
+
+    result = runner.invoke(app, [*request, *args])
+
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
 
 
 def cli_json(*args: str) -> str:

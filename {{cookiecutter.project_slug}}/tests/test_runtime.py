@@ -145,11 +145,12 @@ def test_docs_show_the_table():
         row = re.search(rf"^\| {re.escape(entry['name'])} \| `{key}-N` \|(.*)$", text, re.M)
         assert row, f"no row for {key}"
         cells = [cell.strip() for cell in row.group(1).split("|")]
-        assert cells[:5] == [
+        assert cells[:6] == [
             str(entry["chips_per_host"]),
             str(entry["single_host_chips"]),
             str(entry["devices_per_chip"]),
             f"{entry['peak_bf16_tflops_per_chip']} TFLOP/s",
+            f"{entry['hbm_gib_per_chip']} GiB",
             "yes" if entry["multislice"] else "no",
         ]
         sizes = ", ".join(map(str, entry["slice_sizes"]))

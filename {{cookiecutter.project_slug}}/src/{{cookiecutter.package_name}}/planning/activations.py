@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_leaves
 from .tracking import ForwardTracker, storage_key
 from .workload import Workload
 
+
 @dataclass
 class SavedStorage:
     """One storage autograd saved, and where: -1 outside the blocks, else a block's index."""
@@ -162,4 +163,3 @@ def _block_hooks(
     finally:
         for handle in handles:
             handle.remove()
-

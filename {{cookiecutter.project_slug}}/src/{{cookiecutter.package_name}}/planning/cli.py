@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,8 +15,32 @@ import typer
 DEFAULT_ACCELERATOR = "{{ cookiecutter.accelerator_type }}"  # the project's own
 ACCELERATOR_HELP = "TPU slice: v5litepod-8 (or v5e-8), v5p-64, v6e-256, v4-32, ..."
 MESH_HELP = "fsdp=8, fsdp=4,tensor=2, data=2,fsdp=2,tensor=2 (default: fsdp over every device)."
-HF_CONFIG_HELP = "Plan a Hugging Face model from its config: a cached name or a directory."
+HF_CONFIG_HELP = "Plan a Hugging Face decoder from its config: a cached name or a directory."
+ARCHITECTURE_HELP = "Plan a Hugging Face decoder of this model type (llama, qwen2, ...) and --size."
+SIZE_HELP = (
+    "The shape for --architecture: a known size (llama: 8b, 70b, Llama 3's), FIELD=N pairs "
+    "(vocab, dim, layers, heads, kv_heads, mlp_dim, positions), or both: 8b,layers=16."
+)
 LEGACY_PRECISIONS = ("bf16-env", "bf16-env-downcast")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `plan` was asked, before anything is checked."""
+
+    config_file: Path | None
+    sets: list[str]
+    hf_config: str | None
+    architecture: str | None
+    size: str | None
+    accelerator_type: str
+    mesh: str | None
+    batch_size: int | None
+    global_batch: int | None
+    seq_len: int | None
+    precision: str | None
+    optimizer: str | None
+    margin: float
 
 
 def plan(
@@ -26,6 +51,8 @@ def plan(
         list[str] | None, typer.Option("--set", "-s", help="Override any config key: key=value.")
     ] = None,
     hf_config: Annotated[str | None, typer.Option(help=HF_CONFIG_HELP)] = None,
+    architecture: Annotated[str | None, typer.Option(help=ARCHITECTURE_HELP)] = None,
+    size: Annotated[str | None, typer.Option(help=SIZE_HELP)] = None,
     accelerator_type: Annotated[str, typer.Option(help=ACCELERATOR_HELP)] = DEFAULT_ACCELERATOR,
     mesh: Annotated[str | None, typer.Option(help=MESH_HELP)] = None,
     batch_size: Annotated[
@@ -51,17 +78,21 @@ def plan(
     from ..cli import fail  # the CLI's one-line error (cli.py imports this module)
     from ..training.config import ConfigError
 
+    request = Request(
+        config, sets or [], hf_config, architecture, size, accelerator_type, mesh, batch_size,
+        global_batch, seq_len, precision, optimizer, margin,
+    )  # fmt: skip
     try:
-        result = _make_plan(
-            config, sets or [], hf_config, accelerator_type, mesh, batch_size, global_batch,
-            seq_len, precision, optimizer, margin,
-        )  # fmt: skip
+        result = make_plan(request)
     except (ConfigError, ValueError, OSError) as error:
         fail(str(error))
     from .report import as_json as json_report
-    from .report import as_text
+    from .report import print_plan
 
-    typer.echo(json.dumps(json_report(result), indent=2) if as_json else as_text(result))
+    if as_json:
+        typer.echo(json.dumps(json_report(result), indent=2))
+    else:
+        print_plan(result)
 
 
 @contextmanager
@@ -81,56 +112,71 @@ def _torch_xla_unused() -> Iterator[None]:
             os.environ["USE_TORCH_XLA"] = saved
 
 
-def _make_plan(
-    config_file: Path | None,
-    sets: list[str],
-    hf_config: str | None,
-    accelerator_type: str,
-    mesh: str | None,
-    batch_size: int | None,
-    global_batch: int | None,
-    seq_len: int | None,
-    precision: str | None,
-    optimizer: str | None,
-    margin: float,
-) -> Any:
+def _check_model_source(request: Request) -> None:
+    from .estimate import PlanError
+
+    if request.hf_config is not None and request.architecture is not None:
+        raise PlanError("give --hf-config or --architecture, not both")
+    if request.size is not None and request.architecture is None:
+        raise PlanError("--size is the shape of an --architecture: give both")
+    if request.architecture is not None and request.size is None:
+        raise PlanError(
+            f"--architecture {request.architecture} needs --size (a known size, e.g. 8b or 70b "
+            "for llama, or vocab=N,dim=N,layers=N,heads=N)"
+        )
+    option = "--hf-config" if request.hf_config is not None else "--architecture"
+    if (request.hf_config or request.architecture) is not None and request.seq_len is None:
+        raise PlanError(f"{option} needs --seq-len: a model's shape says nothing of the batch's")
+
+
+def make_plan(request: Request) -> Any:
     """Check every input, then build the model and estimate (errors: ValueError subclasses)."""
     from ..core.sharding import parse_mesh
     from ..training.config import build_config, parse_override
     from .estimate import Accelerator, BatchSize, PlanError, Planner, check_batch, check_mesh
     from .report import Plan
-    from .workload import from_hf_config, from_task
+    from .workload import from_architecture, from_hf_config, from_task
 
-    if not 0 <= margin < 1:
-        raise PlanError(f"--margin is a share of HBM, from 0 to below 1, got {margin}")
-    if batch_size is not None and global_batch is not None:
+    if not 0 <= request.margin < 1:
+        raise PlanError(f"--margin is a share of HBM, from 0 to below 1, got {request.margin}")
+    if request.batch_size is not None and request.global_batch is not None:
         raise PlanError("give --batch-size (per device) or --global-batch, not both")
-    if hf_config is not None and seq_len is None:
-        raise PlanError("--hf-config needs --seq-len: a config says nothing of the batch's length")
-    accelerator = Accelerator.parse(accelerator_type)
-    overrides: dict[str, Any] = dict(parse_override(item) for item in sets)
-    flags = {"precision": precision, "optimizer": optimizer, "batch_size": batch_size}
+    if request.global_batch is not None and request.global_batch < 1:
+        raise PlanError(f"--global-batch must be at least 1, got {request.global_batch}")
+    _check_model_source(request)
+    accelerator = Accelerator.parse(request.accelerator_type)
+    decoder_only = request.hf_config is not None or request.architecture is not None
+    overrides: dict[str, Any] = dict(parse_override(item) for item in request.sets)
+    flags = {
+        "precision": request.precision,
+        "optimizer": request.optimizer,
+        "batch_size": request.batch_size,
+    }
     overrides.update({key: value for key, value in flags.items() if value is not None})
-    if seq_len is not None and hf_config is None:
-        overrides["task_options.seq_len"] = seq_len
-    cfg = build_config(config_file, overrides)
+    if request.seq_len is not None and not decoder_only:
+        overrides["task_options.seq_len"] = request.seq_len
+    cfg = build_config(request.config_file, overrides)
     if cfg.precision in LEGACY_PRECISIONS:
         raise PlanError(
             f"precision {cfg.precision!r} keeps every float in bf16 on the device: "
             "plan it as --precision bf16-true"
         )
-    shape = parse_mesh(mesh or cfg.mesh) or (("fsdp", accelerator.devices),)
+    shape = parse_mesh(request.mesh or cfg.mesh) or (("fsdp", accelerator.devices),)
     check_mesh(shape, accelerator)
-    batch = BatchSize(per_device=cfg.batch_size, global_batch=global_batch)
+    batch = BatchSize(per_device=cfg.batch_size, global_batch=request.global_batch)
     check_batch(shape, batch.of(accelerator.devices))
-    if global_batch is not None and global_batch < 1:
-        raise PlanError(f"--global-batch must be at least 1, got {global_batch}")
 
+    seq_len = request.seq_len or 0
     with _torch_xla_unused():
-        workload = from_hf_config(hf_config, cfg, seq_len or 0) if hf_config else from_task(cfg)
+        if request.architecture is not None:
+            workload = from_architecture(request.architecture, request.size or "", cfg, seq_len)
+        elif request.hf_config is not None:
+            workload = from_hf_config(request.hf_config, cfg, seq_len)
+        else:
+            workload = from_task(cfg)
         planner = Planner(workload)
         estimate = planner.estimate(shape, batch.of(accelerator.devices))
-        usable = accelerator.hbm_bytes_per_device * (1 - margin)
+        usable = accelerator.hbm_bytes_per_device * (1 - request.margin)
         smallest = {
             checkpointed: planner.smallest(accelerator.generation, batch, checkpointed, usable)
             for checkpointed in (False, True)
@@ -138,12 +184,13 @@ def _make_plan(
     return Plan(
         model=workload.task.name,
         parameters=workload.describe(),
+        parameter_count=workload.counts()["total"],
         blocks=len(workload.blocks),
         precision=cfg.precision,
         optimizer=cfg.optimizer,
-        tokens_per_sample=getattr(workload.task, "tokens_per_sample", None) or seq_len,
+        tokens_per_sample=getattr(workload.task, "tokens_per_sample", None) or request.seq_len,
         accelerator=accelerator,
-        margin=margin,
+        margin=request.margin,
         estimate=estimate,
         smallest=smallest,
     )

@@ -1,9 +1,12 @@
-"""The plan as a reader sees it (a table and a verdict) and as a script reads it (JSON)."""
+"""The plan as a reader sees it (a rich table and a verdict) and as a script reads it (JSON)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from rich.console import Console
+from rich.table import Table
 
 from ..core.memory import human
 from ..core.sharding import mesh_text
@@ -18,6 +21,7 @@ class Plan:
 
     model: str
     parameters: str  # `parameters: 8.03B trainable of 8.03B (100.00%)`
+    parameter_count: int  # every parameter's elements, a tied tensor once
     blocks: int  # repeated blocks: what activation checkpointing recomputes
     precision: str
     optimizer: str
@@ -41,6 +45,7 @@ def as_json(plan: Plan) -> dict[str, Any]:
     return {
         "model": plan.model,
         "parameters": plan.parameters,
+        "parameter_count": plan.parameter_count,
         "blocks": plan.blocks,
         "precision": plan.precision,
         "optimizer": plan.optimizer,
@@ -82,43 +87,63 @@ def per_device(estimate: Estimate) -> dict[str, int]:
     }
 
 
-def as_text(plan: Plan) -> str:
+def print_plan(plan: Plan, console: Console | None = None) -> None:
+    """The request, a table of bytes per device both ways to train, the verdicts and the
+    smallest slices that fit."""
+    console = console or Console()
     estimate, accelerator = plan.estimate, plan.accelerator
     tokens = f", {plan.tokens_per_sample} tokens per sample" if plan.tokens_per_sample else ""
-    lines = [
-        f"plan: {plan.model}; {plan.parameters}",
+    console.print(
+        f"plan: {plan.model}; {plan.parameters}", markup=False, highlight=False, soft_wrap=True
+    )
+    console.print(
         f"{plan.precision}, {plan.optimizer}{tokens}; global batch {estimate.global_batch}, "
         f"{estimate.samples_per_shard} sample(s) per device",
-        f"{accelerator.type}: {accelerator.devices} devices of "
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    table = Table(
+        title=f"{accelerator.type}: {accelerator.devices} devices of "
         f"{human(accelerator.hbm_bytes_per_device)} HBM; mesh {mesh_text(estimate.mesh)}",
-        "",
-    ]
+        title_justify="left",
+    )
+    table.add_column("per device")
+    table.add_column("no checkpointing", justify="right")
+    table.add_column("act. checkpointing", justify="right")
     rows = [
         ("parameters", estimate.parameters, estimate.parameters),
         ("gradients", estimate.gradients, estimate.gradients),
         ("optimizer state", estimate.optimizer, estimate.optimizer),
         ("fsdp gathered block", estimate.gathered, estimate.gathered),
-        ("activations", estimate.activations, estimate.activations_checkpointed),
-        ("total", estimate.total(False), estimate.total(True)),
-        (f"usable ({1 - plan.margin:.0%} of HBM)", plan.usable_bytes, plan.usable_bytes),
+        ("activations (model)", estimate.activations, estimate.activations_checkpointed),
     ]
-    lines.append(f"{'per device':<24}{'no checkpointing':>20}{'act. checkpointing':>22}")
-    lines += [f"{name:<24}{human(a):>20}{human(b):>22}" for name, a, b in rows]
-    verdicts = ["fits" if plan.fits(mode) else "does not fit" for mode in MODES]
-    lines.append(f"{'verdict':<24}{verdicts[0]:>20}{verdicts[1]:>22}")
+    for name, plain, checkpointed in rows:
+        table.add_row(name, human(plain), human(checkpointed))
+    table.add_section()
+    table.add_row("total", *(human(estimate.total(mode)) for mode in MODES), style="bold")
+    usable = human(plan.usable_bytes)
+    table.add_row(f"usable ({1 - plan.margin:.0%} of HBM)", usable, usable)
+    table.add_row("verdict", *(_verdict(plan.fits(mode)) for mode in MODES))
+    console.print(table)
     if not plan.blocks:
-        lines.append("(the model names no repeated block: activation checkpointing does not apply)")
-    lines.append("")
+        console.print(
+            "(the model names no repeated block: activation checkpointing does not apply)"
+        )
     generation = accelerator.generation.key
     for mode, label in ((False, "no checkpointing"), (True, "activation checkpointing")):
         found = plan.smallest[mode]
-        if found is None:
-            lines.append(f"smallest {generation} slice that fits ({label}): none")
-        else:
-            kind, best = found
-            lines.append(
-                f"smallest {generation} slice that fits ({label}): {kind}, mesh "
-                f"{mesh_text(best.mesh)}, global batch {best.global_batch}, "
-                f"{human(best.total(mode))} per device"
-            )
-    return "\n".join(lines)
+        text = "none" if found is None else (
+            f"{found[0]}, mesh {mesh_text(found[1].mesh)}, global batch {found[1].global_batch}, "
+            f"{human(found[1].total(mode))} per device"
+        )  # fmt: skip
+        console.print(
+            f"smallest {generation} slice that fits ({label}): {text}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def _verdict(fits: bool) -> str:
+    return "[green]fits[/green]" if fits else "[bold red]does not fit[/bold red]"

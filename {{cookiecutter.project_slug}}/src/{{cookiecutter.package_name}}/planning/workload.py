@@ -2,8 +2,9 @@
 it would see, the loss it would run, its optimizer's state and its layout on any mesh.
 
 The model comes from the project's task (a config file and `--set`, as `train` takes them)
-or from a Hugging Face config alone (`--hf-config`: a model in the local cache, or a
-directory holding its `config.json`). Either way it is built on PyTorch's meta device:
+or from a Hugging Face decoder alone: its config (`--hf-config`: a model in the local
+cache, or a directory holding its `config.json`) or an architecture and a shape
+(`--architecture llama --size 8b`). Either way it is built on PyTorch's meta device:
 shapes and dtypes, no memory, nothing downloaded. `build_model` adds what a run adds: LoRA
 adapters, the precision's parameter dtype.
 """
@@ -34,6 +35,9 @@ from ..training.model import (
 from ..training.optim import build_optimizer
 
 Batch = dict[str, torch.Tensor]
+NEEDS_TRANSFORMERS = "{option} needs transformers: pip install -e '.[hf]'"
+# Architectures an unknown one's error names as examples.
+EXAMPLES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2")
 
 
 @dataclass(frozen=True)
@@ -99,10 +103,10 @@ class Workload:
         """Every parameter's layout on `mesh`, by the rules a run would use (errors name the
         rule, parameter or head count that does not fit the mesh)."""
         rules = mesh_rules(self.task, self.model, self.config, mesh)
-        keys = {i: list(p.names) for i, p in enumerate(self.parameters)}
-        shapes = {i: p.shape for i, p in enumerate(self.parameters)}
-        specs = layout(keys, shapes, rules, mesh)
-        return [specs[i] for i in range(len(self.parameters))]
+        names = {p.names[0]: p.names for p in self.parameters}
+        shapes = {p.names[0]: p.shape for p in self.parameters}
+        specs = layout(names, shapes, rules, mesh)
+        return [specs[p.names[0]] for p in self.parameters]
 
     def batch(self, samples: int) -> Batch:
         """A batch of `samples` samples shaped like the task's, on the meta device."""
@@ -131,9 +135,13 @@ class Workload:
             param.grad = None
         return state
 
+    def counts(self) -> dict[str, int]:
+        """Trainable and total parameters, as a run counts them (a tied tensor once)."""
+        return parameter_counts(self.model)
+
     def describe(self) -> str:
         """`parameters: 8.03B trainable of 8.03B (100.00%)`, as a run reports it."""
-        return describe_parameters(parameter_counts(self.model))
+        return describe_parameters(self.counts())
 
 
 def from_task(config: TrainConfig) -> Workload:
@@ -153,7 +161,30 @@ def from_hf_config(name: str, config: TrainConfig, seq_len: int) -> Workload:
 
         hf_config = pretrained_config(name)
     except ImportError:
-        raise ValueError("--hf-config needs transformers: pip install -e '.[hf]'") from None
+        raise ValueError(NEEDS_TRANSFORMERS.format(option="--hf-config")) from None
+    return _decoder(hf_config, name, config, seq_len)
+
+
+def from_architecture(architecture: str, size: str, config: TrainConfig, seq_len: int) -> Workload:
+    """A decoder of a transformers architecture in the shape `size` gives (`architectures.py`)."""
+    from .architectures import parse_size
+
+    try:
+        from ..hf.models import architectures, decoder_config
+
+        known = architectures()
+    except ImportError:
+        raise ValueError(NEEDS_TRANSFORMERS.format(option="--architecture")) from None
+    if architecture not in known:
+        raise ValueError(
+            f"unknown architecture {architecture!r}: transformers builds no decoder of that "
+            f"model type (e.g. {', '.join(name for name in known if name in EXAMPLES)})"
+        )
+    hf_config = decoder_config(architecture, parse_size(architecture, size, seq_len))
+    return _decoder(hf_config, f"{architecture} {size}", config, seq_len)
+
+
+def _decoder(hf_config: Any, name: str, config: TrainConfig, seq_len: int) -> Workload:
     tokens = torch.zeros(seq_len, dtype=torch.long, device="meta")
     sample = {"x": tokens, "y": tokens}
     # Only its model and its loss are asked of a task here: the config stands in for one.
