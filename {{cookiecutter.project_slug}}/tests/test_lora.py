@@ -18,6 +18,8 @@ from {{ cookiecutter.package_name }}.training.export import export_checkpoint
 
 from training_helpers import TINY, cli, popen, wait_for, write_config
 
+pytestmark = pytest.mark.hf
+
 LORA = {"rank": 4, "alpha": 8}
 STEPS = 12
 PLAN = make_plan("cpu", 1, "single")
