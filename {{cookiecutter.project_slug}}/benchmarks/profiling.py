@@ -2,9 +2,9 @@
 
 On XLA:CPU the host's Python and the device's compute share the same cores, so every
 millisecond a loop spends in Python per step is taken from the model. Each contender runs
-twice under cProfile, for `total` and `2 * total` steps; the difference of the two
-profiles, divided by `total`, is its cost per step once compiled (warm-up, compilation
-and set-up cancel out). The report lists the functions where the contenders differ most.
+twice under cProfile, for `total` and `2 * total` steps, after a first run that compiles
+its graphs; the difference of the two profiles, divided by `total`, is its cost per step
+(set-up and the first steps cancel out). The report lists the functions where the contenders differ most.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def _times(profile: cProfile.Profile) -> dict[Key, tuple[float, float]]:
 
 
 def per_step(run: Callable[[int], Any], total: int) -> dict[Key, tuple[float, float]]:
-    """Seconds per steady-state step of every function: (2T run - T run) / T."""
+    """Seconds per steady-state step of every function: (2T run - T run) / T, after a first
+    run that fills the process's graph cache (the profiled runs compile nothing)."""
+    run(total)
     profiles = []
     for steps in (total, 2 * total):
         profile = cProfile.Profile()
