@@ -4,7 +4,8 @@ On XLA:CPU the host's Python and the device's compute share the same cores, so e
 millisecond a loop spends in Python per step is taken from the model. Each contender runs
 twice under cProfile, for `total` and `2 * total` steps, after a first run that compiles
 its graphs; the difference of the two profiles, divided by `total`, is its cost per step
-(set-up and the first steps cancel out). The report lists the functions where the contenders differ most.
+(set-up and the first steps cancel out). The report lists the functions where the
+contenders differ most.
 """
 
 from __future__ import annotations
