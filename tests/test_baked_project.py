@@ -18,10 +18,14 @@ from helpers import Baked, tool_env
 # task under fsdp runs its whole suite here; two more cover the vision task and the spmd,
 # ddp, bf16 defaults without the multi-run end-to-end tests (`slow`), which do not depend
 # on them.
+# What each bake runs of its own suite beside the default bake's whole suite (run the user's
+# way in test_users_way.py): its own example's tests, the quick tier of the rest, and for the
+# ddp/bf16-true bake the tests that read the baked strategy, precision and accelerator type.
 SUITE_COMBOS = {
-    "hf-causal-lm-fsdp-bf16-mixed": "",
-    "vision-bf16-mixed-spmd": "not slow",
-    "v4-8-ddp-bf16-true": "not slow",
+    "hf-causal-lm-fsdp-bf16-mixed": "-m 'hf or not slow'",
+    "vision-bf16-mixed-spmd": "-m 'not slow'",
+    "v4-8-ddp-bf16-true": "-m 'not slow' tests/test_pod.py tests/test_runtime.py tests/test_strategy.py "
+    "tests/test_precision.py tests/test_dockerfile.py tests/test_startup_script.py tests/test_scan.py",
 }
 LINT_COMBOS = ["default-lm", *SUITE_COMBOS]
 CLI_COMBOS = ["default-lm", "v5litepod-32-own-names"]
@@ -54,7 +58,7 @@ def test_baked_project_test_suite_passes(combo: str, bake_combo: Callable[[str],
     """It passes the baked project's own test suite on XLA:CPU."""
     baked = bake_combo(combo)
     assert baked.exit_code == 0, baked.exception
-    selection = f" -m '{SUITE_COMBOS[combo]}'" if SUITE_COMBOS[combo] else ""
+    selection = f" {SUITE_COMBOS[combo]}"
     # The project's own `make test`, pointed at this interpreter's environment.
     result = run(
         ["make", "test", f"VENV={sys.prefix}", f"PYTEST_ARGS=-q -x -p no:cacheprovider{selection}"],

@@ -1,7 +1,7 @@
 """Steps/s of the training loop beside a hand-written torch_xla loop and Accelerate, on XLA:CPU.
 
     python benchmarks/bench.py [--workloads mlp,task,spmd,fsdp,ckpt,hf-llama] [--rounds 5]
-                               [--out runs/bench]
+                               [--out runs/bench] [--profile]
 
 Workloads: an MLP on one device, the example task on one device, the MLP data parallel
 on 8 SPMD devices, the example task under FSDP on 8 devices (its hand-written
@@ -16,7 +16,8 @@ math (AdamW, warm-up + cosine schedule, gradient clipping at 1.0, the loss read 
 in one process, in turn, for several rounds; the first 3 steps of every run (where
 graphs compile) are not timed. XLA health (graphs compiled, CPU fallback ops,
 device-to-host transfers) is read from a cold run of each contender in a fresh process,
-since XLA's graph cache is shared within a process.
+since XLA's graph cache is shared within a process. `--profile` adds where each
+contender's host time goes per step, side by side (profiling.py), to profile.md.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from {{ cookiecutter.package_name }}.tasks import load_task
 from {{ cookiecutter.package_name }}.training import TrainConfig, fit
 
 from contenders import CONTENDERS
+from profiling import per_step, report
 from report import depth_table, table, verdict
 from workloads import (
     CONFIG,
@@ -51,10 +53,19 @@ from workloads import (
 )
 
 
-def worker(workload: str, contenders: list[str], rounds: int) -> dict[str, Any]:
-    """Run each contender in turn, `rounds` times, in this process."""
+def worker(
+    workload: str, contenders: list[str], rounds: int, profile: bool = False
+) -> dict[str, Any]:
+    """Run each contender in turn, `rounds` times, in this process (or profile each)."""
     total, _, devices, _ = WORKLOADS[workload]
     task = make_workload(workload)
+    if profile:
+        return {
+            name: per_step(
+                lambda steps, run=CONTENDERS[name]: run(task, steps, devices, workload), total
+            )
+            for name in contenders
+        }
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
     for _ in range(rounds):
         for name in contenders:
@@ -62,7 +73,9 @@ def worker(workload: str, contenders: list[str], rounds: int) -> dict[str, Any]:
     return runs
 
 
-def run_worker(workload: str, contenders: list[str], rounds: int) -> dict[str, Any]:
+def run_worker(
+    workload: str, contenders: list[str], rounds: int, profile: bool = False
+) -> dict[str, Any]:
     """Run `worker` in a fresh process (SPMD and device counts are per process)."""
     devices = WORKLOADS[workload][2]
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
@@ -73,6 +86,7 @@ def run_worker(workload: str, contenders: list[str], rounds: int) -> dict[str, A
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [sys.executable, __file__, "--worker", workload, "--result", out.name]
         command += ["--contenders", ",".join(contenders), "--rounds", str(rounds)]
+        command += ["--profile"] if profile else []
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise SystemExit(f"benchmark worker {workload} failed:\n{done.stderr[-3000:]}")
@@ -161,6 +175,9 @@ def main() -> int:
     parser.add_argument("--contenders", help=argparse.SUPPRESS)
     parser.add_argument("--depths", default=DEPTHS, help="blocks of the depth sweep ('' skips)")
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--profile", action="store_true", help="also profile each contender's steps (profile.md)"
+    )
     parser.add_argument("--depth-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.depth_worker:
@@ -170,9 +187,10 @@ def main() -> int:
     if args.worker:
         if args.worker in STRATEGY:  # SPMD is process-wide: on for every contender
             plan = make_plan("cpu", WORKLOADS[args.worker][2], "spmd")
-            runs = launch(worker, plan, args=(args.worker, args.contenders.split(","), args.rounds))
+            work = (args.worker, args.contenders.split(","), args.rounds, args.profile)
+            runs = launch(worker, plan, args=work)
         else:
-            runs = worker(args.worker, args.contenders.split(","), args.rounds)
+            runs = worker(args.worker, args.contenders.split(","), args.rounds, args.profile)
         Path(args.result).write_text(json.dumps(runs))
         return 0
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -206,6 +224,15 @@ def main() -> int:
     (out / "bench.json").write_text(json.dumps({"rows": rows, "depths": sweep}, indent=2) + "\n")
     print(text)
     print(f"\nwritten: {out / 'bench.md'} and {out / 'bench.json'}")
+    if args.profile:
+        profiled = [
+            report(w, run_worker(w, list(WORKLOADS[w][3]), 1, profile=True))
+            for w in workloads
+            if skip_reason(w) is None
+        ]
+        (out / "profile.md").write_text("\n\n".join(profiled) + "\n")
+        print("\n\n".join(profiled))
+        print(f"\nwritten: {out / 'profile.md'}")
     return 0
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from training_helpers import cli, popen, wait_for, write_config
+from training_helpers import cli, preempt_then_resume, write_config
 
 pytestmark = pytest.mark.slow  # several end-to-end runs: `make test-fast` skips them
 
@@ -84,17 +83,7 @@ def test_fsdp_sigterm_then_resume_matches_the_uninterrupted_run(
     config = write_config(tmp_path, max_steps=STEPS, log_every=1, seed=3)
     run_dir = tmp_path / "run"
     args = ("train", "--config", str(config), "--run-dir", str(run_dir), *FSDP)
-    process = popen(*args)
-    wait_for(process, "step 6 train")
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, output
-    stopped = json.loads((run_dir / "summary.json").read_text())
-    assert stopped["status"] == "preempted" and 6 <= stopped["steps"] < STEPS
-
-    resumed = cli(*args, "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = preempt_then_resume(args, run_dir, 6, STEPS)
     assert summary["train_losses"] == fsdp_run["train_losses"]
 
 

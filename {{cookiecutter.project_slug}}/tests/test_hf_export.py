@@ -12,6 +12,8 @@ import pytest
 
 from training_helpers import TINY, cli, write_config
 
+pytestmark = pytest.mark.hf
+
 STEPS = 6
 
 

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+pytestmark = pytest.mark.hf
+
 ARCHITECTURES = ("llama", "qwen2", "gemma")
 STEPS, LOG_EVERY = 12, 4
 # A size no other test trains, so each graph compiles here, in this process.

@@ -4,7 +4,6 @@ the optimizer and the checkpoints, resume exact, bad settings refused in one lin
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,9 @@ from {{ cookiecutter.package_name }}.core.checkpointing import find_checkpoint, 
 from {{ cookiecutter.package_name }}.training import build_config, fit
 from {{ cookiecutter.package_name }}.training.export import export_checkpoint
 
-from training_helpers import TINY, cli, popen, wait_for, write_config
+from training_helpers import TINY, cli, preempt_then_resume, write_config
+
+pytestmark = pytest.mark.hf
 
 LORA = {"rank": 4, "alpha": 8}
 STEPS = 12
@@ -95,17 +96,7 @@ def test_lora_sigterm_then_resume_matches_the_uninterrupted_run(
     run_dir = tmp_path / "run"
     config = write_config(tmp_path, **lora_settings(base_model, run_dir))
     args = ("train", "--config", str(config), "--run-dir", str(run_dir), "--strategy", "single")
-    process = popen(*args)
-    wait_for(process, "step 4 train")
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, output
-    stopped = json.loads((run_dir / "summary.json").read_text())
-    assert stopped["status"] == "preempted" and 4 <= stopped["steps"] < STEPS
-
-    resumed = cli(*args, "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = preempt_then_resume(args, run_dir, 4, STEPS)
     assert summary["train_losses"] == lora_run["train_losses"]
 
 

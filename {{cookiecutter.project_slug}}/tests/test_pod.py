@@ -107,19 +107,25 @@ def process_gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-def test_make_train_pod_rehearsal_trains_on_every_worker(tmp_path: Path) -> None:
-    """It syncs the project to 4 fake workers and trains on each, prefixing every line."""
+def rehearse(tmp_path: Path, *settings: str) -> subprocess.CompletedProcess[str]:
+    """`make pod-rehearse` of the tiny model on XLA:CPU workers, checked to succeed."""
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump({**TINY, "accelerator": "cpu"}))
     result = make(
         "pod-rehearse",
-        "WORKERS=4",
+        *settings,
         f"REHEARSAL_DIR={tmp_path / 'pod'}",
         f"ARGS=--config {config} --eval-every 0",
         env=clean_env(tmp_path / "unused"),
     )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return result
+
+
+def test_make_train_pod_rehearsal_trains_on_every_worker(tmp_path: Path) -> None:
+    """It syncs the project to 4 fake workers and trains on each, prefixing every line."""
+    result = rehearse(tmp_path, "WORKERS=4")
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
     for worker in range(4):
         lines = worker_lines(result.stdout, worker)
         assert any(line.startswith("step 2 train loss=") for line in lines), output[-4000:]
@@ -582,19 +588,8 @@ def test_make_refuses_slices_the_type_cannot_form_before_calling_gcloud(tmp_path
 @pytest.mark.slow
 def test_make_pod_rehearsal_of_two_slices_trains_on_every_worker(tmp_path: Path) -> None:
     """It syncs to and trains on one fake worker in each of two slices."""
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump({**TINY, "accelerator": "cpu"}))
-    result = make(
-        "pod-rehearse",
-        "WORKERS=1",
-        "SLICES=2",
-        "ACCELERATOR_TYPE=v5p-16",
-        f"REHEARSAL_DIR={tmp_path / 'pod'}",
-        f"ARGS=--config {config} --eval-every 0",
-        env=clean_env(tmp_path / "unused"),
-    )
+    result = rehearse(tmp_path, "WORKERS=1", "SLICES=2", "ACCELERATOR_TYPE=v5p-16")
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
     for slice_index in range(2):
         lines = worker_lines(result.stdout, 0, slice_index)
         assert any("completed: 2 steps" in line for line in lines), output[-4000:]

@@ -15,6 +15,8 @@ from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
 
 from hf_helpers import TINY, cache_tiny_pretrained, first_batch, save_tiny_pretrained
 
+pytestmark = pytest.mark.hf
+
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +82,19 @@ def wait_for(process: subprocess.Popen[str], marker: str) -> list[str]:
         if marker in line:
             return seen
     raise AssertionError(f"{marker!r} never printed:\n{''.join(seen)}")
+
+
+def preempt_then_resume(args: tuple[str, ...], run_dir: Path, step: int, steps: int) -> Any:
+    """Train with `args`, SIGTERM the run after `step`, check it stopped preempted between
+    `step` and `steps`, resume it with `--resume auto`; the resumed run's summary."""
+    process = popen(*args)
+    wait_for(process, f"step {step} train")
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    stopped = json.loads((run_dir / "summary.json").read_text())
+    assert stopped["status"] == "preempted" and step <= stopped["steps"] < steps
+
+    resumed = cli(*args, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return json.loads((run_dir / "summary.json").read_text())
