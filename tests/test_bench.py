@@ -12,12 +12,13 @@ from helpers import TEMPLATE_DIR, tool_env
 
 def test_make_bench_compares_the_trainer_with_the_hand_written_loop(tmp_path: Path) -> None:
     """It prints the markdown tables and writes JSON with every contender's XLA counters,
-    time to first step, and the depth sweep with scanned losses equal to unrolled ones."""
+    time to first step, and the depth sweep with scanned losses equal to unrolled ones;
+    with --profile, each contender's host time per step, side by side."""
     out = tmp_path / "bench"
     result = subprocess.run(
         [
             "make", "-C", str(TEMPLATE_DIR), "bench", f"VENV={sys.prefix}",
-            f"BENCH_DIR={out}", "BENCH_ARGS=--workloads mlp --rounds 1 --depths 2,4",
+            f"BENCH_DIR={out}", "BENCH_ARGS=--workloads mlp --rounds 1 --depths 2,4 --profile",
         ],
         env=tool_env(),
         capture_output=True,
@@ -45,3 +46,8 @@ def test_make_bench_compares_the_trainer_with_the_hand_written_loop(tmp_path: Pa
         ):
             assert abs(scanned - plain) <= 1e-5 * abs(plain)
     assert "| 4 |" in result.stdout and "first step scanned" in result.stdout
+    profile = (out / "profile.md").read_text().splitlines()
+    assert profile[0].startswith("### mlp: host time per steady-state step")
+    assert profile[2] == "| function | hand-written | trainer | accelerate |"
+    functions = [line for line in profile[5:] if line.startswith("| `")]
+    assert len(functions) >= 5 and all(line.count("|") == 5 for line in functions)
