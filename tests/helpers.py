@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -121,3 +122,10 @@ def tool_env(**extra: str) -> dict[str, str]:
     env.pop("PYTEST_ADDOPTS", None)
     env.update(extra)
     return env
+
+
+def pytest_summary(output: str) -> dict[str, int]:
+    """Parse the counts from pytest's final summary line."""
+    lines = [line for line in output.strip().splitlines() if re.search(r"\d+ \w+ in [\d.]+s", line)]
+    assert lines, f"no pytest summary in:\n{output[-3000:]}"
+    return {word: int(count) for count, word in re.findall(r"(\d+) (\w+)", lines[-1])}

@@ -11,21 +11,24 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Baked, tool_env
+from helpers import Baked, pytest_summary, tool_env
 
-# These suites run on XLA:CPU in this interpreter's environment. The default bake runs its
-# whole suite the user's way, in its own environment (test_users_way.py). The hf-causal-lm
-# task under fsdp runs its whole suite here; two more cover the vision task and the spmd,
-# ddp, bf16 defaults without the multi-run end-to-end tests (`slow`), which do not depend
-# on them.
-# What each bake runs of its own suite beside the default bake's whole suite (run the user's
-# way in test_users_way.py): its own example's tests, the quick tier of the rest, and for the
-# ddp/bf16-true bake the tests that read the baked strategy, precision and accelerator type.
+# What each bake runs of its own suite beside the default bake's, which runs whole and the
+# user's way (test_users_way.py): the hf-causal-lm bake its Hugging Face tests whole and the
+# quick tier of the tests its task changes; the vision bake the quick tier of those; the
+# ddp/bf16-true bake the tests that read its baked strategy, precision and accelerator type.
 SUITE_COMBOS = {
-    "hf-causal-lm-fsdp-bf16-mixed": "-m 'hf or not slow'",
-    "vision-bf16-mixed-spmd": "-m 'not slow'",
-    "v4-8-ddp-bf16-true": "-m 'not slow' tests/test_pod.py tests/test_runtime.py tests/test_strategy.py "
-    "tests/test_precision.py tests/test_dockerfile.py tests/test_startup_script.py tests/test_scan.py",
+    "hf-causal-lm-fsdp-bf16-mixed": "-m 'hf or not slow' tests/test_hf_models.py "
+    "tests/test_lora.py tests/test_hf_export.py tests/test_task_hf_causal_lm.py "
+    "tests/test_data_prepare.py tests/test_data_training.py tests/test_trainer.py "
+    "tests/test_fsdp.py tests/test_precision.py tests/test_cli.py tests/test_makefile.py "
+    "tests/test_readme.py",
+    "vision-bf16-mixed-spmd": "-m 'not slow' tests/test_task_vision.py tests/test_trainer.py "
+    "tests/test_strategy.py tests/test_precision.py tests/test_evaluation.py tests/test_cli.py "
+    "tests/test_makefile.py tests/test_readme.py",
+    "v4-8-ddp-bf16-true": "-m 'not slow' tests/test_pod.py tests/test_runtime.py "
+    "tests/test_strategy.py tests/test_precision.py tests/test_dockerfile.py "
+    "tests/test_startup_script.py tests/test_scan.py",
 }
 LINT_COMBOS = ["default-lm", *SUITE_COMBOS]
 CLI_COMBOS = ["default-lm", "v5litepod-32-own-names"]
@@ -43,13 +46,6 @@ def run(
     return subprocess.run(
         command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
-
-
-def pytest_summary(output: str) -> dict[str, int]:
-    """Parse the counts from pytest's final summary line."""
-    lines = [line for line in output.strip().splitlines() if re.search(r"\d+ \w+ in [\d.]+s", line)]
-    assert lines, f"no pytest summary in:\n{output[-3000:]}"
-    return {word: int(count) for count, word in re.findall(r"(\d+) (\w+)", lines[-1])}
 
 
 @pytest.mark.suite

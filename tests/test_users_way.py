@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from docker_engine import host_index_url
-from helpers import Baked
+from helpers import Baked, pytest_summary
 
 TEMPLATE_BIN = Path(sys.prefix).resolve() / "bin"
 # Per Python version: the combination baked for it, the tests its run selects, and whether
@@ -35,7 +35,10 @@ TOOLS = ("hadolint", "shellcheck", "ruff", "pre-commit")
 def users_shell() -> dict[str, str]:
     """This machine's environment as a fresh shell has it: no venv active, none on PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PJRT_"))}
-    for name in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CPU_NUM_DEVICES"):
+    # Nor a make above it (the template's `make test`): its variables make the bake's
+    # make print directories after pytest's summary.
+    for name in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CPU_NUM_DEVICES",
+                 "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):  # fmt: skip
         env.pop(name, None)
     env["PATH"] = os.pathsep.join(
         entry
@@ -43,6 +46,32 @@ def users_shell() -> dict[str, str]:
         if entry and not Path(entry).resolve().is_relative_to(Path(sys.prefix).resolve())
     )
     return env
+
+
+def with_python(python: str, env: dict[str, str]) -> dict[str, str] | None:
+    """`env` in which `python3.X` runs: as it is, or with pyenv's version of it selected
+    (`pyenv shell 3.X.Y`: its shims exist for every installed version but run only the
+    selected ones); None where the machine has no such Python."""
+    command = f"python{python}"
+
+    def runs(candidate: dict[str, str]) -> bool:
+        if shutil.which(command, path=candidate["PATH"]) is None:
+            return False
+        done = subprocess.run([command, "--version"], env=candidate, capture_output=True)
+        return done.returncode == 0
+
+    if runs(env):
+        return env
+    if shutil.which("pyenv", path=env["PATH"]) is None:
+        return None
+    listed = subprocess.run(
+        ["pyenv", "versions", "--bare"], env=env, capture_output=True, text=True, check=False
+    ).stdout.split()
+    found = [v for v in listed if re.fullmatch(rf"{re.escape(python)}\.\d+", v)]
+    if not found:
+        return None
+    selected = {**env, "PYENV_VERSION": found[-1]}
+    return selected if runs(selected) else None
 
 
 def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> str:
@@ -64,15 +93,16 @@ def test_bake_installs_and_passes_its_suite_from_a_plain_shell(
     python: str, bake_combo: Callable[[str], Baked], tmp_path: Path
 ) -> None:
     """It passes a bake's `make install && make test` in the bake's own venv, not activated."""
-    if shutil.which(f"python{python}") is None:
+    found = with_python(python, users_shell())
+    if found is None:
         pytest.skip(f"python{python} is not on this machine")
+    env = found
     combo, selection, torch_index = USERS_WAY[python]
     baked = bake_combo(combo)
     assert baked.exit_code == 0, baked.exception
     assert baked.context["python_version"] == python
     project = tmp_path / baked.path.name
     shutil.copytree(baked.path, project)
-    env = users_shell()
     reachable = [tool for tool in TOOLS if shutil.which(tool, path=env["PATH"])]
     assert not reachable, f"the plain shell already has {reachable}: it would prove nothing"
 
@@ -86,5 +116,5 @@ def test_bake_installs_and_passes_its_suite_from_a_plain_shell(
 
     args = "-q -p no:cacheprovider" + (f" -m '{selection}'" if selection else "")
     output = run(["make", "test", f"PYTEST_ARGS={args}"], project, env, timeout=2400)
-    counts = {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", output.splitlines()[-1])}
+    counts = pytest_summary(output)
     assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
