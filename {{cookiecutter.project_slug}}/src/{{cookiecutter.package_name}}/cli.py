@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
+from .cli_common import (
+    EXIT_CHECKPOINT,
+    EXIT_DIVERGED,
+    fail,
+    resolve_config,
+)
 from .core.runtime import RuntimeConfigError
 {%- if cookiecutter.example_task != "vision" %}
 from .data.cli import prepare_command
@@ -36,28 +42,6 @@ CHECKPOINT_HELP = "A checkpoint, or a checkpoint directory (its newest); a path 
 Sets = Annotated[
     list[str] | None, typer.Option("--set", "-s", help="Override any config key: key=value.")
 ]
-
-
-# Exit codes: 2 a usage or configuration error, 3 training diverged (NaN/inf),
-# 4 a checkpoint could not be written (the previous one is kept).
-EXIT_USAGE, EXIT_DIVERGED, EXIT_CHECKPOINT = 2, 3, 4
-
-
-def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    """One clear line on stderr and a non-zero exit code (2: a usage error)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _resolve(config_file: Path | None, sets: list[str] | None, flags: dict[str, Any]) -> Any:
-    from .training.config import ConfigError, build_config, parse_override
-
-    try:
-        overrides = dict(parse_override(item) for item in sets or [])
-        overrides.update({k: v for k, v in flags.items() if v is not None})
-        return build_config(config_file, overrides)
-    except ConfigError as error:
-        fail(str(error))
 
 
 @app.command()
@@ -96,7 +80,7 @@ def train(
 ) -> None:
     """Train the task's model and print its eval metrics as JSON."""
     flags = {k: v for k, v in locals().items() if k not in ("config", "sets")}
-    summary = _run(_resolve(config, sets, flags))
+    summary = _run(resolve_config(config, sets, flags))
     if summary["status"] == "preempted":
         typer.echo(f"stopped by SIGTERM at step {summary['steps']}; continue with --resume auto")
     typer.echo(json.dumps(summary["eval"]))
@@ -159,7 +143,7 @@ def profile(
         "run_dir": run_dir,
         "metrics_report": True,
     }
-    summary = _run(_resolve(config, sets, flags))
+    summary = _run(resolve_config(config, sets, flags))
     captured = summary.get("profile") or {}
     if not captured.get("traces"):
         fail(f"no trace captured in {run_dir}: raise --max-steps so the run outlasts warm-up")
@@ -179,7 +163,7 @@ def debug(
 ) -> None:
     """Train briefly, then print and save torch_xla's metrics report with a diagnosis."""
     flags = {"max_steps": max_steps, "run_dir": run_dir, "metrics_report": True}
-    summary = _run(_resolve(config, sets, flags))
+    summary = _run(resolve_config(config, sets, flags))
     typer.echo(Path(summary["metrics_report"]).read_text())
     typer.echo(f"saved: {summary['metrics_report']}")
 
@@ -255,7 +239,7 @@ def doctor(
 
     from .core import doctor as checks
 
-    cfg = _resolve(config, None, {})
+    cfg = resolve_config(config, None, {})
     found = checks.run_checks(os.environ, cfg.compile_cache, Path(cfg.run_dir) / "summary.json")
     result = checks.report(found)
     if as_json:
@@ -272,7 +256,7 @@ def doctor(
 @config_app.command("show")
 def config_show(config: ConfigFile = None, sets: Sets = None) -> None:
     """Print the configuration a run would use (defaults < file < --set)."""
-    cfg = _resolve(config, sets, {})
+    cfg = resolve_config(config, sets, {})
     typer.echo(json.dumps(cfg.to_dict(), indent=2))
 
 

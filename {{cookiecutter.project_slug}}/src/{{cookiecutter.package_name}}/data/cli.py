@@ -34,11 +34,11 @@ def prepare_command(
     ] = None,
 ) -> None:
     """Tokenize, pack and split a corpus once, for `train --data OUT` (any size, local or gs://)."""
-    from ..cli import _resolve, fail
+    from ..cli_common import fail, resolve_config
     from ..tasks import load_task
     from .prepare import Settings, prepare
 
-    cfg = _resolve(config, sets, {})
+    cfg = resolve_config(config, sets, {})
     try:
         task = load_task(cfg.task, "", cfg.task_options)  # its tokenizer, not its data
         tokenizer, vocab = task_tokenizer(task)

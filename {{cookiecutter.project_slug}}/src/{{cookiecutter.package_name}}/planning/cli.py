@@ -75,7 +75,7 @@ def plan(
 
     The model is built on the meta device (no memory, no download, no TPU, no XLA runtime).
     """
-    from ..cli import fail  # the CLI's one-line error (cli.py imports this module)
+    from ..cli_common import fail
     from ..training.config import ConfigError
 
     request = Request(

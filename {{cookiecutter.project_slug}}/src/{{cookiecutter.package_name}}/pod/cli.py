@@ -9,8 +9,9 @@ from typing import Annotated
 
 import typer
 
+from ..cli_common import fail
 from . import commands
-from .launch import Launch, fail, launcher, legacy_launcher
+from .launch import Launch, launcher, legacy_launcher
 from .slices import Host, nodes, requested_slices
 from .target import PodError, make_target
 

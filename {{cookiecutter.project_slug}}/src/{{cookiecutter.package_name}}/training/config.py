@@ -14,9 +14,7 @@ import tomli as tomllib
 {%- endif %}
 import yaml
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says which key and why."""
+from .errors import ConfigError
 
 
 @dataclass
@@ -94,7 +92,7 @@ class TrainConfig:
             raise ConfigError(
                 f"grad_clip must not be negative (0 disables it), got {self.grad_clip}"
             )
-        from .optim import OPTIMIZERS, SCHEDULES
+        from .optim import OPTIMIZERS, SCHEDULES  # torch, once a config is checked
 
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"unknown schedule {self.schedule!r}: use {', '.join(SCHEDULES)}")

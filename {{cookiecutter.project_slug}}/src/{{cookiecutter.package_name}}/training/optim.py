@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from .config import ConfigError, TrainConfig
+from .errors import ConfigError
+
+
+class OptimizerSettings(Protocol):
+    """The config keys an optimizer and its schedule are built from (a TrainConfig's)."""
+
+    optimizer: str
+    lr: float
+    weight_decay: float
+    optimizer_options: dict[str, Any]
+    schedule: str
+    warmup_steps: int
 
 
 class Adafactor(torch.optim.Adafactor):
@@ -86,7 +97,7 @@ SCHEDULES = ("cosine", "linear", "constant")
 
 
 def build_optimizer(
-    model: nn.Module, config: TrainConfig, task: Any = None
+    model: nn.Module, config: OptimizerSettings, task: Any = None
 ) -> torch.optim.Optimizer:
     """The task's `configure_optimizer(model, config)` if it has one, else `config.optimizer`."""
     hook = getattr(task, "configure_optimizer", None)
@@ -123,7 +134,7 @@ def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, config: TrainConfig, total_steps: int
+    optimizer: torch.optim.Optimizer, config: OptimizerSettings, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(config.schedule, config.warmup_steps, total_steps)
