@@ -1,4 +1,5 @@
-"""Command line: {% if cookiecutter.example_task != "vision" %}prepare, {% endif %}train, eval, plan, profile, debug, doctor, pod, config show.
+"""Command line: {% if cookiecutter.example_task != "vision" %}prepare, {% endif %}train, eval, plan, profile, debug, doctor, goodput, pod, spot,
+config show.
 
 Installed as `{{ cookiecutter.project_slug }}`; also `python -m {{ cookiecutter.package_name }}`.
 """
@@ -7,13 +8,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
 from .cli_common import (
     EXIT_CHECKPOINT,
     EXIT_DIVERGED,
+    EXIT_PREEMPTED,
+    EXIT_USAGE,
     fail,
     resolve_config,
 )
@@ -21,17 +24,22 @@ from .core.runtime import RuntimeConfigError
 {%- if cookiecutter.example_task != "vision" %}
 from .data.cli import prepare_command
 {%- endif %}
+from .goodput import cli as goodput_cli
+from .goodput.timeline import record_failure
 from .planning.cli import plan
 from .pod.cli import pod_app
+from .spot.cli import spot_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect the resolved configuration.")
 app.add_typer(config_app, name="config")
 app.add_typer(pod_app, name="pod")
+app.add_typer(spot_app, name="spot")
 {%- if cookiecutter.example_task != "vision" %}
 app.command("prepare")(prepare_command)
 {%- endif %}
 app.command()(plan)
+app.command("goodput")(goodput_cli.goodput_command)
 
 ConfigFile = Annotated[
     Path | None, typer.Option("--config", "-c", help="TOML or YAML file of config keys.")
@@ -78,12 +86,19 @@ def train(
     resume: Annotated[str | None, typer.Option(help=RESUME_HELP)] = None,
     sets: Sets = None,
 ) -> None:
-    """Train the task's model and print its eval metrics as JSON."""
+    """Train the task's model and print its eval metrics as JSON (exit 75: preempted, saved)."""
     flags = {k: v for k, v in locals().items() if k not in ("config", "sets")}
-    summary = _run(resolve_config(config, sets, flags))
-    if summary["status"] == "preempted":
+    cfg = resolve_config(config, sets, flags)
+    if goodput_cli.finished_before(cfg):
+        return  # a relaunch of a run that completed: nothing to train
+    summary = _run(cfg)
+    goodput_cli.end_of_run(summary)
+    preempted = summary["status"] == "preempted"
+    if preempted:
         typer.echo(f"stopped by SIGTERM at step {summary['steps']}; continue with --resume auto")
     typer.echo(json.dumps(summary["eval"]))
+    if preempted:
+        raise typer.Exit(EXIT_PREEMPTED)  # not done: a supervisor must run it again
 
 
 def _run(cfg: Any) -> dict[str, Any]:
@@ -95,9 +110,14 @@ def _run(cfg: Any) -> dict[str, Any]:
         writable(cfg.run_dir)
         summary: dict[str, Any] = run_training(cfg)
     except CheckpointWriteError as error:
-        fail(f"{error}; the last whole checkpoint is untouched", EXIT_CHECKPOINT)
+        _failed(f"{error}; the last whole checkpoint is untouched", EXIT_CHECKPOINT)
     except (RuntimeConfigError, CheckpointError, ValueError) as error:
-        fail(str(error))
+        _failed(str(error))
+    except typer.Exit:
+        raise
+    except Exception as error:  # a bug: its traceback follows, its attempt is on record
+        record_failure(f"{type(error).__name__}: {str(error).strip()[:300]}", 1)
+        raise
     if summary["status"] == "diverged":
         last = summary["checkpoint"]
         advice = (
@@ -111,6 +131,12 @@ def _run(cfg: Any) -> dict[str, Any]:
             EXIT_DIVERGED,
         )
     return summary
+
+
+def _failed(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    """Fail in one line, and give the attempt that failed its incident line."""
+    record_failure(message, code)
+    fail(message, code)
 
 
 def writable(folder: str) -> None:

@@ -16,6 +16,8 @@ import yaml
 
 from .errors import ConfigError
 
+GOODPUT_MODES = ("local", "cloud", "off")
+
 
 @dataclass
 class TrainConfig:
@@ -53,6 +55,8 @@ class TrainConfig:
     num_workers: int = 0
     compile_cache: str = "auto"  # on TPU a shared folder; "off", or a path
     resume: str = ""  # "", "auto", "latest", or a checkpoint (directory) path or URL
+    # Goodput records beside the checkpoints: "local", "cloud" (also to Cloud Logging), "off".
+    goodput: str = "local"
     profile_steps: int = 0
     profile_port: int = 9012
     metrics_report: bool = False
@@ -105,6 +109,8 @@ class TrainConfig:
             Precision.from_name(self.precision)
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        if self.goodput not in GOODPUT_MODES:
+            raise ConfigError(f"unknown goodput {self.goodput!r}: use {', '.join(GOODPUT_MODES)}")
         if self.resume.lower() in ("true", "1", "yes"):
             self.resume = "latest"  # a bare --resume, or resume = true in a file
         if "://" in self.run_dir:

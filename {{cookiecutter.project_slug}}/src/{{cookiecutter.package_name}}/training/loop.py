@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..core import Plan, Precision, Strategy, memory, ops, runtime
+from ..goodput.timeline import Timeline
 from ..tasks import Task, block_class, load_task
 from .checkpoint import Checkpointer, default_directory, resume_location
 from .config import ConfigError, TrainConfig
@@ -67,9 +68,14 @@ def fit(
     """Train to the configured length (or until SIGTERM) and return the run's summary."""
     cfg, strategy = config, plan.strategy
     precision = Precision.from_name(cfg.precision)
+    # Where the time goes, in Google's goodput categories: from here, data loading.
+    clock = Timeline.of_run(cfg, default_directory(cfg.run_dir, cfg.checkpoint_dir))
     task = task or load_task(cfg.task, cfg.data, cfg.task_options)
 
     # ---- set-up --------------------------------------------------------------------
+    clock.phase("tpu_init")
+    runtime.device()  # the XLA runtime starts here
+    clock.phase("training_prep")
     if cfg.scan_layers:
         strategy.check_scan()
     model = build_model(task, cfg, model)  # seeded, adapted (HF, LoRA, scan), cast
@@ -93,6 +99,7 @@ def fit(
         directory, cfg.keep_checkpoints, cfg.async_checkpoint, plan.accelerator == "tpu",
         strategy, model, optimizer, scheduler, cfg.to_dict(), watch.host_read,
         stream_state=lambda done: train_feeder.stream_state(done.batches_done * cfg.grad_accum),
+        timed=clock.checkpoint,
     )  # fmt: skip
     progress = Progress()
     resume_from = resume_location(cfg.resume, directory)
@@ -144,6 +151,7 @@ def fit(
     eval_metrics: dict[str, float] = {}
     evaluated_at = None
     status = "completed"
+    clock.loop_started(progress.step, master)
     with Preemption() as preemption:
         watch.loop_started(progress.step)
         while progress.step < total and status == "completed":
@@ -178,7 +186,8 @@ def fit(
                         status = "diverged"
                         break
                 if due(cfg.eval_every, at):
-                    eval_metrics, evaluated_at = evaluate(model), at
+                    with clock.badput("eval"):
+                        eval_metrics, evaluated_at = evaluate(model), at
                     reporter.scalars(at, eval_metrics, "eval")
                     # Every process holds the same reduced value: they take the same branch.
                     if eval_metrics["loss"] < progress.best:  # never true for NaN
@@ -190,6 +199,7 @@ def fit(
                     break
                 watch.after_step(at, evaluate.runs)
                 diagnostics.after_step(at, watch.clock)
+                clock.step(at)  # before the stop: a stop-and-save belongs to the disruption
                 with watch.host_read(possible=on_cadence):
                     requested = strategy.agree_to_stop(preemption.requested, on_cadence)
                 if requested or saver.reached_preemption(at):
@@ -205,6 +215,7 @@ def fit(
                 progress.epoch += 1
                 progress.batches_done = 0
     watch.loop_ended()
+    clock.loop_ended(status)
 
     # ---- the end -------------------------------------------------------------------
     rate = watch.steps_per_second(progress.step)
@@ -240,6 +251,7 @@ def fit(
         "memory": {**state_bytes, "device_peak_bytes": memory.device_peak_bytes(runtime.device())},
         "run_dir": str(cfg.run_dir),
     }
+    summary["records"] = clock.finished(status, progress.step)
     graphs = 1 + (1 if cfg.eval_every else 0)
     steps_run = progress.step - watch.start_step
     summary.update(diagnostics.finish(watch.loop_counters(), steps_run, graphs, watch.loop_reads))
