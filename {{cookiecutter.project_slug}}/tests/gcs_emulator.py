@@ -2,8 +2,10 @@
 
 `gcs_emulator` (session) runs `gcp-storage-emulator` in a subprocess on a free 127.0.0.1 port;
 `gcs_bucket` creates an empty bucket, points gcsfs at the emulator for the test and every
-subprocess it starts, and yields `gs://<bucket>`. Without gcsfs or the emulator the tests skip,
-unless REQUIRE_GCS_EMULATOR=1 makes that a failure.
+subprocess it starts, and yields `gs://<bucket>`. `gated_gcs_bucket` does the same on an
+emulator of its own that can hold an upload until the test lets it go (`Gate`): a test knows
+then, for certain, where a process that writes there is. Without gcsfs or the emulator the
+tests skip, unless REQUIRE_GCS_EMULATOR=1 makes that a failure.
 
 The emulator lacks `objects.move`, which gcsfs >= 2026.3 uses for every rename (and
 torch.distributed.checkpoint renames its `.metadata` at the end of each save): the 501 answer is
@@ -31,6 +33,8 @@ from typing import Any
 import pytest
 
 REQUIRE_VARIABLE = "REQUIRE_GCS_EMULATOR"
+GATE_VARIABLE = "GCS_EMULATOR_GATE"  # a folder: the emulator holds uploads it names there
+GATE_TIMEOUT = 300.0
 # gcsfs >= 2026.3 asks the bucket's storage layout over gRPC before opening a file. The emulator
 # speaks HTTP only, so each ask retries for 60 s and is not cached. gcsfs reads this switch once,
 # at import: set it before anything imports gcsfs.
@@ -89,15 +93,16 @@ class GcsEmulator:
         return f"gs://{name}"
 
 
-def _start(log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start(log: Path, gate: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """Start the emulator; a port taken between choosing and binding it gets one more try."""
+    env = {**os.environ, **({GATE_VARIABLE: str(gate)} if gate else {})}
     for _ in range(3):
         port = _free_port()
         endpoint = f"http://{HOST}:{port}"
         command = [sys.executable, __file__, "start", "--host", HOST]
         command += ["--port", str(port), "--in-memory", "--quiet"]
         with log.open("wb") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + START_TIMEOUT
         while process.poll() is None and time.monotonic() < deadline:
             if _answers(f"{endpoint}/"):
@@ -135,6 +140,54 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulat
 @pytest.fixture
 def gcs_bucket(gcs_emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """An empty bucket on the emulator, as `gs://<bucket>`; gcsfs anonymous, emulator only."""
+    yield from _bucket(gcs_emulator, monkeypatch)
+
+
+@dataclass
+class Gate:
+    """Holds the first upload whose object name contains a pattern, until `release()`."""
+
+    folder: Path
+
+    def hold(self, pattern: str) -> None:
+        (self.folder / "held").unlink(missing_ok=True)
+        (self.folder / "hold").write_text(pattern)
+
+    def held(self, timeout: float = GATE_TIMEOUT) -> str:
+        """Wait until an upload is held; the object's name."""
+        deadline = time.monotonic() + timeout
+        while not (self.folder / "held").exists():
+            if time.monotonic() > deadline:
+                pytest.fail(f"no upload matched the gate in {timeout:.0f} s", pytrace=False)
+            time.sleep(0.02)
+        return (self.folder / "held").read_text()
+
+    def release(self) -> None:
+        (self.folder / "hold").unlink(missing_ok=True)
+
+
+@pytest.fixture
+def gated_gcs_bucket(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, Gate]]:
+    """An empty bucket on an emulator of its own, and the Gate that holds its uploads."""
+    missing = missing_packages()
+    if missing:
+        require_or_skip(
+            f"the GCS emulator tests need {', '.join(missing)}: pip install -e '.[dev]'"
+        )
+    folder = tmp_path_factory.mktemp("gcs-gate")
+    process, endpoint = _start(folder / "emulator.log", gate=folder)
+    gate = Gate(folder)
+    try:
+        for url in _bucket(GcsEmulator(endpoint), monkeypatch):
+            yield url, gate
+    finally:
+        gate.release()
+        _stop(process)
+
+
+def _bucket(gcs_emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     import fsspec
     import gcsfs.core
 
@@ -170,14 +223,51 @@ def _move(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) 
         storage.delete_file(params["bucket_name"], params["object_id"])
 
 
+def _upload_name(request: Any) -> str:
+    """The object an upload names: in its query, or in its metadata (multipart, resumable)."""
+    if "name" in request.query:
+        return str(request.query["name"][0])
+    data = request.data if isinstance(request.data, dict) else {}
+    return str((data.get("meta") or data).get("name", ""))
+
+
+def _gated(insert: Any, folder: Path) -> Any:
+    """objects.insert, holding an upload named by the pattern in FOLDER/hold while that file
+    exists; FOLDER/held names the upload held. The emulator serves one request at a time, so
+    everything else waits too: the writer cannot get past this point."""
+
+    def handler(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
+        hold = folder / "hold"
+        pattern = hold.read_text() if hold.exists() else ""
+        name = _upload_name(request)
+        if pattern and pattern in name:
+            (folder / "held").write_text(name)
+            deadline = time.monotonic() + GATE_TIMEOUT
+            while hold.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return insert(request, response, storage, *args, **kwargs)
+
+    return handler
+
+
 def serve(argv: list[str]) -> None:
-    """Run `gcp-storage-emulator argv...` with objects.move added."""
+    """Run `gcp-storage-emulator argv...` with objects.move added (and the gate, if asked)."""
     from gcp_storage_emulator import server
     from gcp_storage_emulator.__main__ import main
+    from gcp_storage_emulator.handlers import objects
 
     move = r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)/moveTo/o/"
     move += r"(?P<dest_object_id>.*[^/]+)$"
-    server.HANDLERS = ((move, {server.POST: _move}), *server.HANDLERS)
+    handlers = ((move, {server.POST: _move}), *server.HANDLERS)
+    gate = os.environ.get(GATE_VARIABLE)
+    if gate:
+        insert, held = objects.insert, _gated(objects.insert, Path(gate))
+        objects.insert = held  # the server's fallback for uploads sent without /upload
+        handlers = tuple(
+            (regex, {method: held if h is insert else h for method, h in methods.items()})
+            for regex, methods in handlers
+        )
+    server.HANDLERS = handlers
     main(argv)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from {{ cookiecutter.package_name }}.cli_common import EXIT_PREEMPTED
 from {{ cookiecutter.package_name }}.core.checkpointing import completed_steps
 
 from training_helpers import cli, popen, wait_for, write_config
@@ -59,7 +60,7 @@ def test_preempted_run_continues_from_gcs_on_a_new_machine(
     wait_for(process, "step 6 train")
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, output
+    assert process.returncode == EXIT_PREEMPTED, output
     stopped = json.loads((first / "run" / "summary.json").read_text())
     assert stopped["status"] == "preempted" and stopped["checkpoint"].startswith(remote)
     shutil.rmtree(first)  # the VM is gone, and its disk with it

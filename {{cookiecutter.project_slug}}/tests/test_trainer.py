@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from {{ cookiecutter.package_name }}.cli_common import EXIT_PREEMPTED
 from {{ cookiecutter.package_name }}.core.checkpointing import (
     COMMIT_MARKER,
     completed_steps,
@@ -69,14 +70,14 @@ def test_run_writes_summary_tensorboard_and_checkpoint(reference_run: Path) -> N
 
 
 def test_sigterm_then_resume_matches_uninterrupted_run(reference_run: Path, tmp_path: Path) -> None:
-    """It saves and exits 0 on SIGTERM, and the resumed losses equal an unbroken run's."""
+    """It saves and exits 75 on SIGTERM, and the resumed losses equal an unbroken run's."""
     config = write_config(tmp_path, max_steps=STEPS, log_every=1, seed=5)
     run_dir = tmp_path / "run"
     process = popen("train", "--config", str(config), "--run-dir", str(run_dir))
     wait_for(process, "step 8 train")
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, output
+    assert process.returncode == EXIT_PREEMPTED, output
     assert "stopped by SIGTERM" in output
     stopped = summary_of(run_dir)
     assert stopped["status"] == "preempted" and 8 <= stopped["steps"] < STEPS

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..cli_common import EXIT_PREEMPTED
 from ..core.multislice import MultisliceError, parse_slice_count
-from ..core.tpu_generations import UnknownAcceleratorType, canonical, parse
+from ..core.tpu_generations import UnknownAcceleratorType, canonical, generations, parse
 from ..pod import commands
 from ..pod.defaults import STARTUP_SCRIPT
 
@@ -56,6 +56,20 @@ def tpu_accelerator(accelerator_type: str) -> str:
     except UnknownAcceleratorType as error:
         raise SpotError(str(error)) from None
     return f"tpu-{canonical(accelerator_type)}"
+
+
+def check_runtime(accelerator_type: str, runtime_version: str) -> None:
+    """Refuse a runtime the TPU table gives another generation and not this one (a slice of
+    the wrong runtime fails to boot, in the cloud, after the wait for capacity)."""
+    generation, _ = parse(canonical(accelerator_type))
+    if runtime_version in generation.runtime_versions:
+        return
+    others = [g.key for g in generations().values() if runtime_version in g.runtime_versions]
+    if others:
+        raise SpotError(
+            f"runtime {runtime_version!r} is {others[0]}'s, not {generation.key}'s: set "
+            f"RUNTIME_VERSION={generation.runtime_versions[0]} (make) or --runtime-version"
+        )
 
 
 def checkpoint_location(url: str) -> str:
@@ -114,6 +128,7 @@ def setup_command(python: str, remote_dir: str) -> str:
 def task_spec(request: SpotRequest, run: str, setup: str, mounts: dict[str, str]) -> dict[str, Any]:
     """The task as SkyPilot's YAML holds it: resources, recovery, files, setup and run."""
     tpu = tpu_accelerator(request.accelerator_type)
+    check_runtime(request.accelerator_type, request.runtime_version)
     one_slice(request.slices)
     if request.max_restarts_on_errors < 0:
         raise SpotError(
