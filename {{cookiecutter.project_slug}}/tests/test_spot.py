@@ -144,10 +144,11 @@ def test_bad_spot_request_is_refused_in_one_line_before_anything_is_launched(
 
 
 def test_spot_targets_launch_follow_and_cancel_the_managed_job() -> None:
-    """It launches with `sky jobs launch` (detached), follows with `sky jobs queue` and
-    `sky jobs logs`, and stops with `sky jobs cancel`, all from SkyPilot's own environment."""
+    """It installs SkyPilot's client apart, launches with `sky jobs launch` (detached), follows
+    with `sky jobs queue` and `sky jobs logs`, and stops with `sky jobs cancel`."""
     sky = ".venv-sky/bin/sky"
     expected = {
+        "sky-install": ".venv-sky/bin/python -m pip install --quiet 'skypilot[gcp]==0.14.1'",
         "train-spot": f"{sky} jobs launch --yes --detach-run --name {SLUG} .sky/{SLUG}.yaml",
         "spot-status": f"{sky} jobs queue",
         "spot-logs": f"{sky} jobs logs --name {SLUG}",
