@@ -11,7 +11,7 @@ explains is the library's `other`.
 from __future__ import annotations
 
 import tempfile
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from . import store
@@ -41,7 +41,7 @@ class RecordsLogger:
         """Every entry the first time; nothing after the entry already read."""
         if last_entry_info is not None or not self.entries:
             return [], (None, None)
-        last = datetime.fromtimestamp(store.entry_time(self.entries[-1]), UTC)
+        last = datetime.fromtimestamp(store.entry_time(self.entries[-1]), store.UTC)
         return list(self.entries), (last, str(len(self.entries)))
 
 

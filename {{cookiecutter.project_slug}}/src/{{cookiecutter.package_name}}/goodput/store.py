@@ -18,7 +18,7 @@ import posixpath
 import secrets
 import socket
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 SUFFIX = "-records"
@@ -26,6 +26,9 @@ EVENTS = "goodput"
 INCIDENTS = "incidents.log"
 COMPLETED = "completed.json"
 ACCOUNT = "goodput.json"
+# The library's times are UTC; spelled so for every Python the project supports (3.10 has no
+# datetime.UTC).
+UTC = timezone(timedelta(0))
 # Until its attempt rewrites it, an incident line says what a missing end means.
 NO_END = "no end recorded (killed, or its VM was lost)"
 

@@ -25,7 +25,7 @@ import contextlib
 import re
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from ..cli_common import EXIT_OF_STATUS
@@ -53,7 +53,8 @@ def job_name(checkpoint_dir: str) -> str:
 
 class Timeline:
     """The timeline of one attempt; inert with `mode="off"`, and in processes that are not the
-    run's master. `cloud`: ml-goodput-measurement's GoodputRecorder, given every entry too."""
+    run's master. With `mode="cloud"` ml-goodput-measurement's GoodputRecorder (`cloud`, or
+    one writing to Cloud Logging) gets every entry too."""
 
     def __init__(
         self, checkpoint_dir: str, mode: str = "local", length: dict[str, int] | None = None,
@@ -62,6 +63,7 @@ class Timeline:
         self.location = store.records_location(checkpoint_dir)
         self.job = job_name(checkpoint_dir)
         self.enabled = mode != "off"
+        self.mode = mode
         self.length = length or {}
         self.cloud = cloud
         self.started = time.time()
@@ -80,8 +82,7 @@ class Timeline:
     @classmethod
     def of_run(cls, config: Any, checkpoint_dir: str) -> Timeline:
         length = {"max_steps": config.max_steps, "max_epochs": config.max_epochs}
-        cloud = cloud_recorder(job_name(checkpoint_dir)) if config.goodput == "cloud" else None
-        return cls(checkpoint_dir, config.goodput, length, cloud)
+        return cls(checkpoint_dir, config.goodput, length)
 
     def _entry(self, entry: dict[str, Any]) -> None:
         if self.enabled:
@@ -105,6 +106,8 @@ class Timeline:
             return
         global _writing
         _writing = self
+        if self.mode == "cloud" and self.cloud is None:
+            self.cloud = cloud_recorder(self.job)  # the master's, to Cloud Logging
         self.from_step = step
         self.marks.append((step, time.time()))
         self._incident(store.NO_END)
@@ -222,7 +225,7 @@ def cloud_recorder(job: str) -> Any:
 def send_to_cloud(recorder: Any, entries: list[dict[str, Any]]) -> None:
     """Give the library's recorder each entry, at its own time (its writes are asynchronous)."""
     for entry in entries:
-        at = datetime.fromtimestamp(store.entry_time(entry), UTC)
+        at = datetime.fromtimestamp(store.entry_time(entry), store.UTC)
         if "step_count" in entry:
             recorder.record_step_start_time(entry["step_count"], at)
         elif "custom_badput_event_type" in entry:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 {%- if cookiecutter.python_version != "3.10" %}
 import tomllib
 {%- endif %}
@@ -111,6 +112,11 @@ class TrainConfig:
             raise ConfigError(str(error)) from None
         if self.goodput not in GOODPUT_MODES:
             raise ConfigError(f"unknown goodput {self.goodput!r}: use {', '.join(GOODPUT_MODES)}")
+        if self.goodput == "cloud" and importlib.util.find_spec("ml_goodput_measurement") is None:
+            raise ConfigError(
+                'goodput = "cloud" writes through ml-goodput-measurement: '
+                "pip install -e '.[goodput]'"
+            )
         if self.resume.lower() in ("true", "1", "yes"):
             self.resume = "latest"  # a bare --resume, or resume = true in a file
         if "://" in self.run_dir:
