@@ -59,10 +59,14 @@ def end_of_run(summary: dict[str, Any]) -> None:
         typer.echo(f"note: no goodput account: {account.MISSING}")
         return
     location, attempt = records["location"], records["attempt"]
-    whole = account.account(store.read_events(location))
-    store.write_text(location, store.ACCOUNT, json.dumps(whole, indent=2) + "\n")
+    try:  # the run is done whatever happens here: an account that fails is a note
+        whole = account.account(store.read_events(location))
+        store.write_text(location, store.ACCOUNT, json.dumps(whole, indent=2) + "\n")
+        own = account.account(store.read_events(location, attempt))
+    except Exception as error:  # reading gs://, or the library's own checks (ValueError)
+        typer.echo(f"note: no goodput account: {str(error).strip()[:200]}")
+        return
     account.print_table(whole, f"Goodput of the run so far ({location})")
-    own = account.account(store.read_events(location, attempt))
     path = Path(summary["run_dir"]) / "summary.json"
     if path.is_file():
         saved = json.loads(path.read_text())

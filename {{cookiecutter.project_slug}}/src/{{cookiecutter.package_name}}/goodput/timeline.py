@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -76,6 +77,7 @@ class Timeline:
         self.stopping = False
         self.from_step = 0
         self.open: str | None = None
+        self.warned = False
         self._entry({"job_start_time": self.started})
         self.phase("data_loading")
 
@@ -160,7 +162,8 @@ class Timeline:
             return {}
         if status == "completed":
             self._entry({"job_end_time": time.time()})
-            store.write_completion(self.location, {"step": step, **self.length})
+            record = {"step": step, **self.length}
+            self._write("completion record", lambda: store.write_completion(self.location, record))
         self.flush()
         code = EXIT_OF_STATUS[status]
         endings = {
@@ -185,14 +188,25 @@ class Timeline:
         entries = sorted(self.pending + steps, key=store.entry_time)
         self.pending, self.marks, self.flushed_at = [], [], time.time()
         if entries:
-            store.write_events(self.location, self.attempt, self.part, entries)
-            self.part += 1
+            part, self.part = self.part, self.part + 1
+            where = (self.location, self.attempt, part)
+            self._write("records", lambda: store.write_events(*where, entries))
             if self.cloud is not None:
                 send_to_cloud(self.cloud, entries)
 
     def _incident(self, ending: str) -> None:
         line = store.incident_line(self.started, self.attempt, self.from_step, ending)
-        store.set_incident(self.location, self.attempt, line)
+        self._write("incident line", lambda: store.set_incident(self.location, self.attempt, line))
+
+    def _write(self, what: str, write: Callable[[], None]) -> None:
+        """Records are worth less than the run: a write that fails is said once, not raised."""
+        try:
+            write()
+        except Exception as error:  # fsspec and gcsfs raise many types
+            if not self.warned:
+                reason = (str(error).strip() or type(error).__name__).splitlines()[0][:200]
+                print(f"goodput: {what} not written ({reason}); training goes on", file=sys.stderr)
+                self.warned = True
 
 
 def record_failure(message: str, code: int) -> None:
