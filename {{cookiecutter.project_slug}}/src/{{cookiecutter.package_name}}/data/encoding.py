@@ -85,24 +85,26 @@ def mode_of(columns: list[str], field: str) -> str:
     return TEXT  # the field check names what is missing
 
 
-def held_out(indices: np.ndarray, fraction: float) -> np.ndarray:
-    """Whether each document (by its index) belongs to the eval split: a fixed, even spread."""
-    mixed = (indices.astype(np.uint64) + np.uint64(1)) * GOLDEN
+def held_out(keys: np.ndarray, fraction: float) -> np.ndarray:
+    """Whether each document (by its key: where it lies in the corpus) belongs to the eval
+    split: a fixed, even spread, whatever the shards or the workers."""
+    mixed = (keys.astype(np.uint64) + np.uint64(1)) * GOLDEN
     return (mixed >> np.uint64(11)).astype(np.float64) / float(1 << 53) < fraction
 
 
 @dataclass
 class Encoder:
-    """The function `datasets.map` runs over batches of records (pickled into each worker)."""
+    """What each shard runs over its batches of records (pickled into each worker)."""
 
     tokenizer: Tokenizer
     mode: str
     field: str
     eval_fraction: float
 
-    def __call__(self, batch: dict[str, list[Any]], indices: list[int]) -> dict[str, Any]:
+    def __call__(self, batch: dict[str, list[Any]], keys: np.ndarray) -> dict[str, Any]:
+        """Token ids (and labels) of a batch of records; `keys` place each in the corpus."""
         eod = self.tokenizer.eod_id
-        out: dict[str, Any] = {"held_out": held_out(np.asarray(indices), self.eval_fraction)}
+        out: dict[str, Any] = {"held_out": held_out(keys, self.eval_fraction)}
         if self.mode == TEXT:
             texts = [t or "" for t in batch[self.field]]
             out["ids"] = [np.append(ids, np.int32(eod)) for ids in self.tokenizer.encode(texts)]
