@@ -100,9 +100,9 @@ def check_reachable(address: str) -> None:
 def run_ray(job: Job, shards: list[Shard], workers: int, address: str, done: Done) -> None:
     """Run the shards as Ray tasks on the cluster at `address`, `workers` at a time (0: as
     many as the cluster has CPUs)."""
-    ray = import_ray()
-    check_reachable(address)
     import logging
+
+    ray = import_ray()
 
     forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,11 +119,18 @@ def run_ray(job: Job, shards: list[Shard], workers: int, address: str, done: Don
         if is_local(job.out):
             _check_shared(ray, job.out)
         task = ray.remote(num_cpus=1, max_retries=RETRIES, retry_exceptions=[OSError])(
-            run_shard
+            _on_node
         ).options(name=f"{__name__.split('.')[0]}.prepare")
         _submit(ray, task, ray.put(job), shards, workers, done)
     finally:
         ray.shutdown()
+
+
+def _on_node(job: Job, shard: Shard) -> dict[str, Any]:
+    """A Ray task: the shard's record, and the node that wrote it (for the driver only)."""
+    import ray
+
+    return {**run_shard(job, shard), "node": ray.get_runtime_context().get_node_id()}
 
 
 def _submit(ray: Any, task: Any, job: Any, shards: list[Shard], workers: int, done: Done) -> None:

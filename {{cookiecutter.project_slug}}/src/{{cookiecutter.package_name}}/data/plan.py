@@ -19,7 +19,6 @@ from .sources import InputFile, builder_of
 MIB = 1 << 20
 AUTO_SHARDS = 256  # the automatic shard size aims at this many shards ...
 SMALLEST, LARGEST = 8 * MIB, 512 * MIB  # ... within these sizes
-KEY_BITS = 40  # a document's key: its file's place << KEY_BITS | its offset or row in it
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,6 @@ class Piece:
     [start, end) of a Parquet file, or rows [start, end) of a hub dataset."""
 
     url: str
-    place: int  # the file's place among the sorted inputs
     start: int
     end: int
     kind: str  # text, json, parquet or hub
@@ -109,7 +107,7 @@ def plan(files: list[InputFile], chosen: int = 0) -> tuple[list[Shard], int]:
             while at < end:
                 cut = end if whole or kind == "parquet" else min(end, at + size - filled)
                 taken = weight if kind == "parquet" or whole else cut - at
-                pieces.append(Piece(item.url, place, at, cut, kind, item.size, item.stamp))
+                pieces.append(Piece(item.url, at, cut, kind, item.size, item.stamp))
                 filled += taken
                 at = cut
                 if filled >= size:
@@ -123,7 +121,7 @@ def plan_rows(name: str, rows: int, nbytes: int, chosen: int = 0) -> tuple[list[
     size = shard_bytes(nbytes, chosen)
     per_shard = max(1, rows * size // max(1, nbytes))
     shards = [
-        Shard(i, (Piece(name, 0, start, min(rows, start + per_shard), "hub", rows, ""),),
+        Shard(i, (Piece(name, start, min(rows, start + per_shard), "hub", rows, ""),),
               (min(rows, start + per_shard) - start) * nbytes // max(1, rows))
         for i, start in enumerate(range(0, rows, per_shard))
     ]  # fmt: skip

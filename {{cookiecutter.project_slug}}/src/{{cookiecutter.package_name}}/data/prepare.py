@@ -23,7 +23,7 @@ from typing import Any
 
 from . import sources
 from .encoding import TEXT, Tokenizer, mode_of
-from .engines import ShardFailed, run_local, run_ray
+from .engines import ShardFailed, check_reachable, import_ray, run_local, run_ray
 from .manifest import (
     MANIFEST,
     PLAN,
@@ -113,6 +113,9 @@ def prepare(
         raise DataError("an hf: dataset is prepared on its own: give it as the only input")
     if hub and settings.engine == "ray":
         raise DataError("an hf: dataset is read on this machine: prepare it with --engine local")
+    if settings.engine == "ray":
+        import_ray()
+        check_reachable(settings.ray_address)
     with tempfile.TemporaryDirectory(prefix="prepare-hub-") as scratch:
         raw = _load_hub(hub[0], scratch) if hub else None
         files = [] if hub else sources.resolve(inputs)
@@ -201,9 +204,11 @@ def _run(job: Job, shards: list[Shard], settings: Settings, echo: Callable[[str]
     )
     progress = Progress(len(shards), len(shards) - len(todo), sum(s.size for s in todo), echo)
     sizes = {shard.index: shard.size for shard in shards}
+    nodes = set()
 
     def finished_one(record: dict[str, Any]) -> None:
         progress(record, sizes[record["shard"]])
+        nodes.add(record.get("node", "here"))
 
     try:
         with _interrupt_on_sigterm():
@@ -223,7 +228,8 @@ def _run(job: Job, shards: list[Shard], settings: Settings, echo: Callable[[str]
         ) from None
     finally:
         progress.close()
-    echo(f"{len(todo)} shards tokenized, {len(shards) - len(todo)} reused")
+    where = f" on {len(nodes)} Ray node{'s' * (len(nodes) > 1)}" if settings.engine == "ray" else ""
+    echo(f"{len(todo)} shards tokenized{where}, {len(shards) - len(todo)} reused")
 
 
 def _summed(out: str, shards: list[Shard], tokenizer: Tokenizer, vocab: int,

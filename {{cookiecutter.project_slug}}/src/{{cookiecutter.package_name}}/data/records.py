@@ -1,9 +1,7 @@
 """Records of one shard, read streaming from its pieces (local or any fsspec URL), in batches.
 
 No input is copied whole: text and JSON lines are read in blocks from their byte range,
-Parquet by row group. Each record comes with its key (its file's place and its byte offset
-or row there), which decides its split whatever the shards. Records are checked as they
-come: undecodable bytes and fields that are not text are named by `file:line (byte N)`.
+Parquet by row group. Records are checked as they come: undecodable bytes and fields that are not text are named by `file:line (byte N)`.
 """
 
 from __future__ import annotations
@@ -12,16 +10,14 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from .encoding import CHAT, PROMPT_COMPLETION, TEXT, mode_of
 from .manifest import DataError, filesystem
-from .plan import KEY_BITS, Piece, Shard, first_record, is_json_array
+from .plan import Piece, Shard, first_record, is_json_array
 from .sources import TEXT_TYPES, InputFile
 
 BLOCK = 1 << 20  # bytes read at a time
 BATCH = 1000  # records tokenized at a time
-Batch = tuple[np.ndarray, dict[str, list[Any]]]
+Batch = dict[str, list[Any]]
 
 
 def fields_of(mode: str, field: str) -> list[str]:
@@ -83,28 +79,25 @@ def _json_type(value: Any) -> str:
 
 
 def batches(shard: Shard, mode: str, field: str, hub: Any = None) -> Iterator[Batch]:
-    """The shard's records in corpus order, `BATCH` at a time: their keys and fields."""
+    """The shard's records in corpus order, `BATCH` at a time: the fields they are read for."""
     names = fields_of(mode, field)
-    keys: list[int] = []
     columns: dict[str, list[Any]] = {name: [] for name in names}
+    count = 0
     for piece in shard.pieces:
-        for key, record in _records(piece, mode, field, hub):
-            keys.append(key)
+        for record in _records(piece, mode, field, hub):
             for name in names:
                 columns[name].append(record.get(name))
-            if len(keys) >= BATCH:
-                yield np.asarray(keys, np.uint64), columns
-                keys, columns = [], {name: [] for name in names}
-    if keys:
-        yield np.asarray(keys, np.uint64), columns
+            count += 1
+            if count == BATCH:
+                yield columns
+                columns, count = {name: [] for name in names}, 0
+    if count:
+        yield columns
 
 
-def _records(piece: Piece, mode: str, field: str, hub: Any) -> Iterator[tuple[int, Any]]:
-    base = piece.place << KEY_BITS
+def _records(piece: Piece, mode: str, field: str, hub: Any) -> Iterator[Any]:
     if piece.kind == "hub":
-        rows = hub.select(range(piece.start, piece.end))
-        for offset, record in enumerate(rows):
-            yield base + piece.start + offset, record
+        yield from hub.select(range(piece.start, piece.end))
         return
     fs, path = filesystem(piece.url)
     try:
@@ -125,7 +118,7 @@ def _records(piece: Piece, mode: str, field: str, hub: Any) -> Iterator[tuple[in
     ):
         with fs.open(path, "rb") as handle:
             for row, record in enumerate(json.load(handle)):
-                yield base + row, _checked(record, piece, row, mode, field)
+                yield _checked(record, piece, row, mode, field)
     else:
         for offset, line in _lines(piece, fs, path):
             try:
@@ -137,7 +130,7 @@ def _records(piece: Piece, mode: str, field: str, hub: Any) -> Iterator[tuple[in
                     "the corpus must be UTF-8 text"
                 ) from None
             if piece.kind == "text":
-                yield base + offset, {"text": text.removesuffix("\r")}
+                yield {"text": text.removesuffix("\r")}
                 continue
             if not text.strip():
                 continue
@@ -146,7 +139,7 @@ def _records(piece: Piece, mode: str, field: str, hub: Any) -> Iterator[tuple[in
             except ValueError as error:
                 where = _line_of(piece, fs, path, offset)
                 raise DataError(f"cannot read {where}: {error}") from None
-            yield base + offset, _checked(record, piece, offset, mode, field, fs, path)
+            yield _checked(record, piece, offset, mode, field, fs, path)
 
 
 def _checked(record: Any, piece: Piece, at: int, mode: str, field: str, fs: Any = None,
@@ -208,14 +201,10 @@ def _line_of(piece: Piece, fs: Any, path: str, byte: int) -> str:
     return f"{piece.url}:{count}"
 
 
-def _parquet(piece: Piece, fs: Any, path: str, names: list[str]) -> Iterator[tuple[int, Any]]:
+def _parquet(piece: Piece, fs: Any, path: str, names: list[str]) -> Iterator[Any]:
     import pyarrow.parquet as pq
 
     with fs.open(path, "rb") as handle:
-        parquet = pq.ParquetFile(handle)
-        row = sum(parquet.metadata.row_group(g).num_rows for g in range(piece.start))
         groups = list(range(piece.start, piece.end))
-        for batch in parquet.iter_batches(BATCH, row_groups=groups, columns=names):
-            for record in batch.to_pylist():
-                yield (piece.place << KEY_BITS) + row, record
-                row += 1
+        for batch in pq.ParquetFile(handle).iter_batches(BATCH, groups, columns=names):
+            yield from batch.to_pylist()

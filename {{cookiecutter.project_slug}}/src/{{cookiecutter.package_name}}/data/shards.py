@@ -67,8 +67,8 @@ def run_shard(job: Job, shard: Shard) -> dict[str, Any]:
     try:
         encoder = Encoder(job.tokenizer, job.mode, job.field, job.eval_fraction)
         packer = Packer(scratch, job.seq_len, job.vocab)
-        for keys, columns in batches(shard, job.mode, job.field, job.hub):
-            encoded = encoder(columns, keys)
+        for columns in batches(shard, job.mode, job.field, job.hub):
+            encoded = encoder(columns)
             packer.add(encoded["ids"], encoded.get("labels"), encoded["held_out"])
         record = packer.close(masked=job.mode != TEXT)
         record["layout"] = {split: file_layout(scratch / f"{split}.arrow") for split in SPLITS}
