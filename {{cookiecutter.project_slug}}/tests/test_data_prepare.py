@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from {{ cookiecutter.package_name }}.data.encoding import (
     document_keys,
     held_out,
 )
+from {{ cookiecutter.package_name }}.data.manifest import read_manifest
 from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
 
 from data_helpers import (
@@ -277,6 +281,45 @@ def test_a_file_removed_while_preparing_and_a_taken_output_fail_in_one_line(
     code, lines = invoke_prepare(str(first), "--out", str(out), "--set", "task_options.seq_len=8")
     assert code == 2 and len(lines) == 1 and "already holds other data" in lines[0], lines
     assert manifest(out)["seq_len"] == SEQ_LEN
+
+
+def test_gcs_inputs_to_gcs_use_local_disk_only_for_the_shards_in_flight(
+    gcs_bucket: str, tmp_path: Path
+) -> None:
+    """It prepares 16 gs:// files into gs:// holding on local disk no more than the shards
+    being written (under a quarter of the inputs), and never an input file."""
+    import fsspec
+
+    inputs = 0
+    for part in range(16):
+        path = corpus_jsonl(tmp_path / "in" / f"{part:02d}", count=400, seed=part)
+        fsspec.filesystem("gs").put(str(path), f"{gcs_bucket[5:]}/raw/part{part:02d}.jsonl")
+        inputs += path.stat().st_size
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    shard, workers = 16 << 10, 2
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare",
+               f"{gcs_bucket}/raw/*.jsonl", "--out", f"{gcs_bucket}/prepared", "--num-proc",
+               str(workers), "--shard-size", str(shard), "--set", f"task_options.seq_len={SEQ_LEN}"]  # fmt: skip
+    process = subprocess.Popen(command, env={**cli_env(), "TMPDIR": str(scratch)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    peak, names = 0, set()
+    while process.poll() is None:
+        used = 0
+        for folder, _, files in os.walk(scratch):  # folders vanish as shards are published
+            for name in files:
+                names.add(name)
+                with contextlib.suppress(FileNotFoundError):
+                    used += os.path.getsize(os.path.join(folder, name))
+        peak = max(peak, used)
+        time.sleep(0.002)
+    output = process.communicate()[0]
+    assert process.returncode == 0, output
+    in_flight = workers * 4 * (shard + 2048)  # int32 ids of each shard's bytes, and headers
+    assert 0 < peak <= in_flight < inputs / 4, (peak, in_flight, inputs)
+    assert not [name for name in names if name.endswith(".jsonl")]
+    made = read_manifest(f"{gcs_bucket}/prepared")
+    assert made is not None and made.documents == 16 * 400 and made.shards > 16
 
 
 def test_make_prepare_writes_a_prepared_dataset(tmp_path: Path) -> None:

@@ -33,8 +33,9 @@ _job: Job | None = None
 def _start_worker(job: Job) -> None:
     global _job
     _job = job
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops the pool, and says so
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops the pool, and says so
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the driver's handler (fork copies it)
 
 
 def _run(shard: Shard) -> dict[str, Any]:
@@ -51,12 +52,14 @@ def run_local(job: Job, shards: list[Shard], workers: int, done: Done) -> None:
     """Run the shards in `workers` processes (0: one per core); one runs them here."""
     workers = min(workers or os.cpu_count() or 1, len(shards))
     if workers <= 1:
-        _start_worker(job)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        global _job
+        _job = job
         for shard in shards:
             done(_run(shard))
         return
-    context = multiprocessing.get_context("forkserver")
+    # fork: a worker starts at once with what the driver has imported, and `prepare` called
+    # from a script needs no `if __name__ == "__main__"` guard (spawn would re-run it).
+    context = multiprocessing.get_context("fork")
     with context.Pool(workers, _start_worker, (job,)) as pool:
         try:
             for record in pool.imap_unordered(_run, shards):
