@@ -43,9 +43,8 @@ SEQ_LEN = 16
 
 def prepare_bytes(inputs: list[Path], out: Path, echo: Any = print, **settings: object) -> Any:
     options = {"seq_len": SEQ_LEN, "eval_fraction": 0.1, **settings}
-    return prepare(
-        [str(p) for p in inputs], str(out), Tokenizer(), 256, Settings(**options), echo  # type: ignore[arg-type]
-    )
+    settings = Settings(**options)  # type: ignore[arg-type]
+    return prepare([str(p) for p in inputs], str(out), Tokenizer(), 256, settings, echo)
 
 
 def test_documents_are_packed_in_order_with_an_end_id_between_them(tmp_path: Path) -> None:
@@ -300,9 +299,12 @@ def test_gcs_inputs_to_gcs_use_local_disk_only_for_the_shards_in_flight(
     shard, workers = 16 << 10, 2
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare",
                f"{gcs_bucket}/raw/*.jsonl", "--out", f"{gcs_bucket}/prepared", "--num-proc",
-               str(workers), "--shard-size", str(shard), "--set", f"task_options.seq_len={SEQ_LEN}"]  # fmt: skip
-    process = subprocess.Popen(command, env={**cli_env(), "TMPDIR": str(scratch)},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+               str(workers), "--shard-size", str(shard), "--set",
+               f"task_options.seq_len={SEQ_LEN}"]  # fmt: skip
+    process = subprocess.Popen(
+        command, env={**cli_env(), "TMPDIR": str(scratch)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
     peak, names = 0, set()
     while process.poll() is None:
         used = 0

@@ -3,7 +3,6 @@ at its position with nothing read twice, and the same from gs://."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 

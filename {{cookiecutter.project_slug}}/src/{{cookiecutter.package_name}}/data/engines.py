@@ -117,7 +117,8 @@ def run_ray(job: Job, shards: list[Shard], workers: int, address: str, done: Don
         ray.init(address=address, runtime_env=runtime_env, logging_level=logging.ERROR,
                  log_to_driver=False, configure_logging=False)  # fmt: skip
     except (ConnectionError, RuntimeError, ValueError) as error:
-        raise DataError(f"cannot join the Ray cluster at {address!r}: {_first_line(error)}")
+        message = f"cannot join the Ray cluster at {address!r}: {_first_line(error)}"
+        raise DataError(message) from None
     try:
         if is_local(job.out):
             _check_shared(ray, job.out)

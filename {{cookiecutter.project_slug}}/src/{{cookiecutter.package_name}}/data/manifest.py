@@ -10,6 +10,7 @@ from typing import Any
 
 MANIFEST = "prepared.json"  # written after every data file: a folder without it is not whole
 PLAN = "prepare-plan.json"  # written first: whose output this is, and its shards
+INDEX = "index.json"  # in each split: where every window lies, so a reader opens no file to find it
 FORMAT = "packed-token-windows"
 VERSION = 2
 SPLITS = ("train", "eval")

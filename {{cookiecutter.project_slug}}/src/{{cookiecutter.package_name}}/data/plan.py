@@ -133,9 +133,7 @@ def to_json(shards: list[Shard]) -> list[dict[str, Any]]:
 
 
 def from_json(data: list[dict[str, Any]]) -> list[Shard]:
-    return [
-        Shard(s["index"], tuple(Piece(**p) for p in s["pieces"]), s["size"]) for s in data
-    ]
+    return [Shard(s["index"], tuple(Piece(**p) for p in s["pieces"]), s["size"]) for s in data]
 
 
 def first_record(item: InputFile) -> dict[str, Any] | None:

@@ -24,10 +24,10 @@ from typing import Any
 from . import sources
 from .encoding import TEXT, Tokenizer, mode_of
 from .engines import ShardFailed, check_reachable, import_ray, run_local, run_ray
+from .finish import summed, write_indexes
 from .manifest import (
     MANIFEST,
     PLAN,
-    SPLITS,
     VERSION,
     DataError,
     Manifest,
@@ -35,11 +35,10 @@ from .manifest import (
     join,
     read_manifest,
 )
-from .packing import TOKEN_COLUMNS, decode_counts, entropy
 from .plan import Shard, plan, plan_rows, to_json
 from .progress import Progress
 from .records import check_parquet_fields, detect_mode
-from .shards import Job, finished, read_records, remove_temporary
+from .shards import Job, finished, remove_temporary
 
 ENGINES = ("local", "ray")
 
@@ -142,15 +141,16 @@ def prepare(
         try:
             job = Job(out, tokenizer, mode, settings.field, settings.seq_len, vocab_size,
                       settings.eval_fraction, raw)  # fmt: skip
-            where = hub[0] if hub else files[0].url + (f" and {len(files) - 1} more" if len(files) > 1 else "")
+            more = f" and {len(files) - 1} more" if len(files) > 1 else ""
+            where = hub[0] if hub else files[0].url + more
             _run(job, shards, settings, echo, where, resumed)
-            manifest, layout = _summed(out, shards, tokenizer, vocab_size, settings, print_)
+            manifest, layout = summed(out, shards, tokenizer, vocab_size, settings.seq_len, print_)
         except DataError:
             _remove(out)  # the same inputs would fail the same way: leave nothing
             raise
     manifest.inputs = [f.url for f in files] or hub
     manifest.seconds = round(time.perf_counter() - started, 3)
-    _write_indexes(out, manifest, layout)
+    write_indexes(out, manifest, layout)
     fs, path = filesystem(out)
     fs.pipe(join(path, MANIFEST), manifest.to_json().encode())  # last: the dataset is whole
     return manifest, False
@@ -230,76 +230,6 @@ def _run(job: Job, shards: list[Shard], settings: Settings, echo: Callable[[str]
         progress.close()
     where = f" on {len(nodes)} Ray node{'s' * (len(nodes) > 1)}" if settings.engine == "ray" else ""
     echo(f"{len(todo)} shards tokenized{where}, {len(shards) - len(todo)} reused")
-
-
-def _summed(out: str, shards: list[Shard], tokenizer: Tokenizer, vocab: int,
-            settings: Settings, print_: str) -> tuple[Manifest, dict[str, list[Any]]]:  # fmt: skip
-    """The manifest and each split's file layout from every shard's record, or the DataError
-    of a corpus that fills no window."""
-    paths = finished(out)
-    missing = [shard.describe() for shard in shards if shard.index not in paths]
-    if missing:
-        raise DataError(f"{missing[0]} left no record in {out}: run prepare again")
-    records = read_records(out, [paths[shard.index] for shard in shards])
-    documents = sum(r["documents"] for r in records)
-    tokens = sum(r["tokens"] for r in records)
-    if documents == 0:
-        raise DataError(f"{out}: the corpus holds no documents")
-    if tokens == documents:
-        raise DataError("the corpus holds no text: every document is empty")
-    sequences = {split: sum(r["sequences"][split] for r in records) for split in SPLITS}
-    for split in SPLITS:
-        if sequences[split] == 0:
-            raise DataError(
-                f"the {split} split fills no sequence of {settings.seq_len + 1} tokens "
-                f"({tokens:,} tokens in all): "
-                + ("raise --eval-fraction" if split == "eval" else "give more text")
-                + " or lower seq_len"
-            )
-    counts = sum(decode_counts(r["counts"], vocab) for r in records)
-    manifest = Manifest(
-        seq_len=settings.seq_len,
-        tokenizer=tokenizer.identity,
-        eod_id=tokenizer.eod_id,
-        vocab_size=vocab,
-        fingerprint=print_,
-        masked=bool(records[0]["masked"]),
-        documents=documents,
-        tokens=tokens,
-        sequences=sequences,
-        dropped_tokens=sum(r["dropped_tokens"] for r in records),
-        loss_tokens=sum(r["loss_tokens"] for r in records),
-        unigram_entropy=entropy(counts) if hasattr(counts, "sum") else 0.0,
-        shards=len(records),
-    )
-    return manifest, {split: [r["layout"][split] for r in records] for split in SPLITS}
-
-
-def _write_indexes(out: str, manifest: Manifest, layout: dict[str, list[Any]]) -> None:
-    """Each split's `index.json` (where every window lies) and the files that let
-    `datasets.load_from_disk` open it."""
-    fs, path = filesystem(out)
-    for split in SPLITS:
-        names = [f"shard-{i:05d}.arrow" for i in range(manifest.shards)]
-        index = {"files": [{"name": n, "chunks": c} for n, c in zip(names, layout[split], strict=True)]}
-        width = manifest.seq_len + 1
-        columns = TOKEN_COLUMNS if manifest.masked else TOKEN_COLUMNS[:1]
-        features = {
-            name: {"feature": {"dtype": "int32", "_type": "Value"}, "length": width, "_type": "List"}
-            for name in columns
-        }
-        state = {
-            "_data_files": [{"filename": name} for name in names],
-            "_fingerprint": f"{manifest.fingerprint[:16]}{split}",
-            "_format_columns": None,
-            "_format_kwargs": {},
-            "_format_type": None,
-            "_output_all_columns": False,
-            "_split": None,
-        }
-        info = {"citation": "", "description": "", "features": features, "homepage": "", "license": ""}
-        for name, content in (("index.json", index), ("state.json", state), ("dataset_info.json", info)):
-            fs.pipe(join(path, split, name), json.dumps(content, indent=2).encode())
 
 
 def _remove(out: str) -> None:

@@ -79,9 +79,10 @@ class ReadAheadSampler(ShardSampler):
         self.group = group
 
     def __iter__(self) -> Iterator[int]:
-        if self.dataset.ahead is None:
-            self.dataset.ahead = ReadAhead()
-        reader: ReadAhead = self.dataset.ahead
+        dataset: Any = self.dataset
+        if dataset.ahead is None:
+            dataset.ahead = ReadAhead()
+        reader: ReadAhead = dataset.ahead
         reader.reset()
         source = super().__iter__()
         queue: deque[int] = deque()
@@ -92,7 +93,7 @@ class ReadAheadSampler(ShardSampler):
                 if not group:
                     return
                 queue.extend(group)
-                reader.announce(group, self.dataset.fetch)
+                reader.announce(group, dataset.fetch)
 
         fill()
         while queue:

@@ -19,11 +19,10 @@ import torch
 from torch.utils.data import Dataset
 
 from .encoding import same_identity
-from .manifest import MANIFEST, DataError, Manifest, filesystem, join, read_manifest
+from .manifest import INDEX, MANIFEST, DataError, Manifest, filesystem, join, read_manifest
 from .packing import IDS, LABELS, file_layout
 from .readahead import ReadAhead
 
-INDEX = "index.json"
 Sample = dict[str, torch.Tensor]
 
 

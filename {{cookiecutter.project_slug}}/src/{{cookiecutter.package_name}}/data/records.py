@@ -1,7 +1,8 @@
 """Records of one shard, read streaming from its pieces (local or any fsspec URL), in batches.
 
 No input is copied whole: text and JSON lines are read in blocks from their byte range,
-Parquet by row group. Records are checked as they come: undecodable bytes and fields that are not text are named by `file:line (byte N)`.
+Parquet by row group. Records are checked as they come: undecodable bytes and fields that
+are not text are named by `file:line (byte N)`.
 """
 
 from __future__ import annotations
@@ -113,8 +114,10 @@ def _records(piece: Piece, mode: str, field: str, hub: Any) -> Iterator[Any]:
         )
     if piece.kind == "parquet":
         yield from _parquet(piece, fs, path, fields_of(mode, field))
-    elif piece.kind == "json" and piece.url.lower().endswith(".json") and is_json_array(
-        InputFile(piece.url, piece.size, piece.stamp)
+    elif (
+        piece.kind == "json"
+        and piece.url.lower().endswith(".json")
+        and is_json_array(InputFile(piece.url, piece.size, piece.stamp))
     ):
         with fs.open(path, "rb") as handle:
             for row, record in enumerate(json.load(handle)):
