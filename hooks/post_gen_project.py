@@ -44,6 +44,7 @@ TEXT_TASK_FILES = (
     "configs/ray-cluster.yaml",
     "scripts/ray-node.sh",
     "benchmarks/data_bench.py",
+    "benchmarks/read_bench.py",
 )
 
 

@@ -219,6 +219,7 @@ CORPUS = [
     "configs/ray-cluster.yaml",
     "scripts/ray-node.sh",
     "benchmarks/data_bench.py",
+    "benchmarks/read_bench.py",
 ]
 
 
