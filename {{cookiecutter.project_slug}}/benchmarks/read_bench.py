@@ -15,6 +15,7 @@ whatever else the machine runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -75,11 +76,8 @@ class Relay(socketserver.BaseRequestHandler):
         except OSError:
             pass
         finally:
-            for end in (sink,):
-                try:
-                    end.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)
 
 
 def start_emulator(folder: Path) -> tuple[subprocess.Popen[bytes], int]:

@@ -428,7 +428,12 @@ def test_chat_loss_falls_on_assistant_turns_only(tmp_path: Path) -> None:
     model = tiny_model(tmp_path / "model")
     turns = [("user", "alpha beta"), ("assistant", "gamma"), ("user", "delta"),
              ("assistant", "eta theta")]  # fmt: skip
-    chats = [{"messages": [{"role": r, "content": c} for r, c in turns]} for _ in range(100)]
+    # Each conversation its own (a user turn numbered): copies would share one split.
+    chats = [
+        {"messages": [{"role": r, "content": c + (f" {n}" if r == "user" else "")}
+                      for r, c in turns]}
+        for n in range(100)
+    ]  # fmt: skip
     source = write_jsonl(tmp_path / "chat.jsonl", chats)
     code, lines = invoke_prepare(
         str(source), "--out", str(tmp_path / "out"), "--set", f"task_options.model_name={model}",
