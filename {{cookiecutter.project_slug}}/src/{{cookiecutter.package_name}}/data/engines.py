@@ -151,9 +151,9 @@ def _submit(ray: Any, task: Any, job: Any, shards: list[Shard], workers: int, do
             try:
                 done(ray.get(ready[0]))
             except ray.exceptions.RayTaskError as error:
-                cause = error.as_instanceof_cause()
-                if isinstance(cause, DataError):
-                    raise DataError(str(cause).strip().splitlines()[-1]) from None
+                cause = getattr(error, "cause", None)
+                if isinstance(cause, DataError):  # the data's fault: no retry helps
+                    raise DataError(str(cause)) from None
                 raise ShardFailed(
                     f"{shard.describe()} failed after {RETRIES} retries: "
                     f"{_first_line(getattr(error, 'cause', None) or error)}"

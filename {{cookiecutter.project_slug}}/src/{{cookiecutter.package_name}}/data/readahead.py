@@ -86,9 +86,12 @@ class ReadAheadSampler(ShardSampler):
         reader.reset()
         source = super().__iter__()
         queue: deque[int] = deque()
+        # The depth grows a group at a time: a pass left after its first batch (the
+        # shapes probe, the end of a run) leaves little fetched for nothing.
+        depth = self.group
 
         def fill() -> None:
-            while len(queue) < self.ahead:
+            while len(queue) < depth:
                 group = list(itertools.islice(source, self.group))
                 if not group:
                     return
@@ -98,5 +101,6 @@ class ReadAheadSampler(ShardSampler):
         fill()
         while queue:
             yield queue.popleft()
-            if len(queue) <= self.ahead - self.group:
+            if len(queue) <= depth - self.group:
+                depth = min(self.ahead, depth + self.group)
                 fill()
