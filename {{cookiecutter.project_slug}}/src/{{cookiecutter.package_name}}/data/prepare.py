@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import tempfile
 import time
@@ -38,7 +39,7 @@ from .manifest import (
 from .plan import Shard, plan, plan_rows, to_json
 from .progress import Progress
 from .records import check_parquet_fields, detect_mode
-from .shards import Job, finished, remove_temporary
+from .shards import Job, finished, is_local, remove_temporary
 
 ENGINES = ("local", "ray")
 
@@ -139,7 +140,9 @@ def prepare(
         started = time.perf_counter()
         resumed = _claim(out, print_, shards, size)
         try:
-            job = Job(out, tokenizer, mode, settings.field, settings.seq_len, vocab_size,
+            # Absolute: a Ray worker runs in a folder of its own.
+            where_to = os.path.abspath(out.removeprefix("file://")) if is_local(out) else out
+            job = Job(where_to, tokenizer, mode, settings.field, settings.seq_len, vocab_size,
                       settings.eval_fraction, raw)  # fmt: skip
             more = f" and {len(files) - 1} more" if len(files) > 1 else ""
             where = hub[0] if hub else files[0].url + more
