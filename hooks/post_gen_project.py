@@ -40,6 +40,11 @@ TEXT_TASK_FILES = (
     "tests/data_helpers.py",
     "tests/test_data_prepare.py",
     "tests/test_data_training.py",
+    "tests/test_data_ray.py",
+    "configs/ray-cluster.yaml",
+    "scripts/ray-node.sh",
+    "benchmarks/data_bench.py",
+    "benchmarks/read_bench.py",
 )
 
 

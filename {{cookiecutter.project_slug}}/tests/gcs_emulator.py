@@ -7,10 +7,14 @@ emulator of its own that can hold an upload until the test lets it go (`Gate`): 
 then, for certain, where a process that writes there is. Without gcsfs or the emulator the
 tests skip, unless REQUIRE_GCS_EMULATOR=1 makes that a failure.
 
+The emulator serves one request at a time from a listen backlog of 5: a client sending more at
+once (gcsfs reading many byte ranges or objects concurrently) sees the rest dropped and retried
+a second later. Run as a script, this module gives it a backlog of real size.
+
 The emulator lacks `objects.move`, which gcsfs >= 2026.3 uses for every rename (and
 torch.distributed.checkpoint renames its `.metadata` at the end of each save): the 501 answer is
 retried for about 30 s before gcsfs copies and deletes instead. Run as a script, this module
-starts the emulator with that one call added, done the same way: copy, then delete.
+also adds that one call, done the same way: copy, then delete.
 """
 
 import importlib.util
@@ -45,6 +49,7 @@ HOST = "127.0.0.1"
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 PROJECT = "test-project"
+BACKLOG = 512  # connections waiting for the one-at-a-time emulator, as GCS takes them at once
 
 
 def require_or_skip(reason: str) -> None:
@@ -251,11 +256,16 @@ def _gated(insert: Any, folder: Path) -> Any:
 
 
 def serve(argv: list[str]) -> None:
-    """Run `gcp-storage-emulator argv...` with objects.move added (and the gate, if asked)."""
+    """Run `gcp-storage-emulator argv...` with objects.move added, the gate if asked, and a
+    listen backlog that takes gcsfs's concurrent requests (a backlog of 5 drops the rest, each
+    retried after 1 s)."""
+    import http.server
+
     from gcp_storage_emulator import server
     from gcp_storage_emulator.__main__ import main
     from gcp_storage_emulator.handlers import objects
 
+    http.server.HTTPServer.request_queue_size = BACKLOG
     move = r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)/moveTo/o/"
     move += r"(?P<dest_object_id>.*[^/]+)$"
     handlers = ((move, {server.POST: _move}), *server.HANDLERS)
