@@ -213,6 +213,87 @@ def test_flops_count_the_active_experts_not_all_of_them() -> None:
     assert math.isclose(eight[0], four[0], rel_tol=0.02)  # the router's few more columns
 
 
+@pytest.mark.slow
+def test_moe_lora_on_attention_trains_and_exports_what_transformers_generates_with(
+    tmp_path: Path, python_subprocess: Any
+) -> None:
+    """It trains LoRA on a mixture's attention (one graph), and exports a merged model that
+    plain transformers loads, with the run's logits, and generates with."""
+    from training_helpers import cli, write_config
+
+    lora = {"rank": 4, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    config = write_config(
+        tmp_path, task_options={**OPTIONS, "architecture": "mixtral"}, max_steps=8,
+        log_every=4, lora=lora, moe={"capacity_factor": 0},
+    )  # fmt: skip
+    run_dir, out = tmp_path / "run", tmp_path / "hf"
+    trained = cli("train", "--config", str(config), "--run-dir", str(run_dir),
+                  "--devices", "1", "--strategy", "single")  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["loop_compilations"] == 1 and summary["diagnosis"] == []
+    assert summary["parameters"]["trainable"] < summary["parameters"]["total"] / 10
+    assert "tokens_dropped=0.0000" in trained.stdout  # dropless: printed with the loss
+    checkpoint = str(run_dir / "checkpoints")
+    exported = cli("export", "--checkpoint", checkpoint, "--out", str(out), "--format", "hf")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    saved = json.loads((out / "config.json").read_text())
+    assert "experts_implementation" not in str(saved) and not saved["output_router_logits"]
+
+    ours = python_subprocess([__file__, "checkpoint", checkpoint])
+    theirs = python_subprocess([__file__, "transformers", str(out)], env={"PJRT_DEVICE": ""})
+
+    torch.testing.assert_close(
+        torch.tensor(theirs["logits"]), torch.tensor(ours["logits"]), rtol=1e-4, atol=1e-4
+    )
+    assert theirs["torch_xla_loaded"] is False and theirs["new_tokens"] == 8
+
+
+def fixed_tokens() -> torch.Tensor:
+    return torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
+
+
+def logits_of_checkpoint(location: str) -> dict[str, Any]:
+    """The run's model (its base, adapters, experts settings) on one XLA device, in fp32."""
+    from demo.core import launch
+    from demo.tasks import load_task
+    from demo.training import build_config, plan_of
+    from demo.training.checkpoint import load_weights, read_config
+    from demo.training.model import build_model
+
+    _, saved = read_config(location)
+    one_device = {"devices": "1", "strategy": "single", "mesh": "", "precision": "32-true"}
+    config = build_config(None, {**saved, **one_device})
+    plan = plan_of(config)
+
+    def logits(config: Any, plan: Any) -> dict[str, Any]:
+        model = build_model(load_task(config.task, options=config.task_options), config)
+        model, _ = plan.strategy.setup_model(model)
+        load_weights(location, plan.strategy, model)
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            return {"logits": model.eval()(input_ids=fixed_tokens().to(device)).logits.cpu().tolist()}
+
+    return dict(launch(logits, plan, (config, plan)))
+
+
+def generate_with_transformers(folder: str) -> dict[str, Any]:
+    """The export in plain transformers (torch_xla unimportable): logits, and 8 new tokens."""
+    sys.modules["torch_xla"] = None  # type: ignore[assignment]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        logits = model(input_ids=fixed_tokens()).logits
+        prompt = fixed_tokens()[:1, :4]
+        generated = model.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    return {
+        "logits": logits.tolist(),
+        "new_tokens": generated.shape[1] - prompt.shape[1],
+        "torch_xla_loaded": sys.modules.get("torch_xla") is not None,
+    }
+
+
 REFUSED = {
     "experts-outside-the-interface": (
         {"architecture": "jetmoe", "experts": 0, "experts_per_token": 0}, "",
@@ -251,5 +332,9 @@ def test_what_a_mixture_cannot_run_is_refused_in_one_line(
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
-    summary = guarded_fit(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))
-    print(json.dumps(summary))
+    if sys.argv[1] == "checkpoint":
+        print(json.dumps(logits_of_checkpoint(sys.argv[2])))
+    elif sys.argv[1] == "transformers":
+        print(json.dumps(generate_with_transformers(sys.argv[2])))
+    else:
+        print(json.dumps(guarded_fit(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))))
