@@ -272,7 +272,8 @@ def logits_of_checkpoint(location: str) -> dict[str, Any]:
         load_weights(location, plan.strategy, model)
         device = next(model.parameters()).device
         with torch.no_grad():
-            return {"logits": model.eval()(input_ids=fixed_tokens().to(device)).logits.cpu().tolist()}
+            logits = model.eval()(input_ids=fixed_tokens().to(device)).logits
+        return {"logits": logits.cpu().tolist()}
 
     return dict(launch(logits, plan, (config, plan)))
 
