@@ -33,8 +33,8 @@ def guarded_fit(architecture: str, strategy: str, extra: dict[str, Any]) -> dict
     """Fit with the XLA guard armed after warm-up; the run's summary (child process)."""
     import tempfile
 
-    from demo.core import launch
-    from demo.training import build_config, fit, plan_of
+    from {{ cookiecutter.package_name }}.core import launch
+    from {{ cookiecutter.package_name }}.training import build_config, fit, plan_of
 
     devices = "1" if strategy == "single" else "8"
     with tempfile.TemporaryDirectory() as run_dir:
@@ -79,7 +79,7 @@ def worst_relative(losses: list[list[float]], reference: list[list[float]]) -> f
 
 def tiny_model(architecture: str) -> Any:
     """The tiny MoE decoder of OPTIONS, built by the example task (plain CPU torch)."""
-    from demo.tasks.hf_causal_lm import make_task
+    from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
 
     torch.manual_seed(0)
     return make_task(**{**OPTIONS, "architecture": architecture}).build_model()
@@ -124,8 +124,8 @@ def test_expert_axis_holds_a_share_of_the_experts_and_gives_the_one_device_losse
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_dropless_experts_equal_transformers_eager_experts(architecture: str) -> None:
     """It gives transformers' own `eager` experts' logits, loss and aux loss within 1e-5."""
-    from demo import hf
-    from demo.hf.moe import MoeSettings
+    from {{ cookiecutter.package_name }} import hf
+    from {{ cookiecutter.package_name }}.hf.moe import MoeSettings
 
     model = tiny_model(architecture)
     tokens = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(1))
@@ -143,7 +143,7 @@ def test_dropless_experts_equal_transformers_eager_experts(architecture: str) ->
 
 def test_tokens_over_capacity_skip_their_expert_and_are_counted() -> None:
     """It drops the pairs over an expert's capacity, later tokens first, and counts them."""
-    from demo.hf.experts import LOADS, SETTINGS, Routing, xla_experts
+    from {{ cookiecutter.package_name }}.hf.experts import LOADS, SETTINGS, Routing, xla_experts
 
     experts = tiny_model("mixtral").model.layers[0].mlp.experts
     setattr(experts, SETTINGS, Routing(capacity_factor=1.0))
@@ -162,7 +162,7 @@ def test_tokens_over_capacity_skip_their_expert_and_are_counted() -> None:
 
 
 def xla_experts_dropless(experts: Any, *args: torch.Tensor) -> torch.Tensor:
-    from demo.hf.experts import SETTINGS, Routing, xla_experts
+    from {{ cookiecutter.package_name }}.hf.experts import SETTINGS, Routing, xla_experts
 
     saved = getattr(experts, SETTINGS)
     setattr(experts, SETTINGS, Routing(capacity_factor=0.0))
@@ -177,9 +177,9 @@ def test_router_aux_loss_is_part_of_the_training_loss() -> None:
     import torch.nn.functional as F
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
-    from demo import hf
-    from demo.hf.moe import MoeSettings
-    from demo.tasks.hf_causal_lm import make_task
+    from {{ cookiecutter.package_name }} import hf
+    from {{ cookiecutter.package_name }}.hf.moe import MoeSettings
+    from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
 
     task = make_task(**{**OPTIONS, "architecture": "mixtral"})
     tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(2))
@@ -198,8 +198,8 @@ def test_router_aux_loss_is_part_of_the_training_loss() -> None:
 
 def test_flops_count_the_active_experts_not_all_of_them() -> None:
     """It counts a token's top-k experts: 8 experts cost what 4 do, at many more parameters."""
-    from demo.tasks.hf_causal_lm import make_task
-    from demo.training.throughput import count_flops
+    from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
+    from {{ cookiecutter.package_name }}.training.throughput import count_flops
 
     def flops_and_parameters(experts: int) -> tuple[int, int]:
         task = make_task(**{**OPTIONS, "architecture": "mixtral", "experts": experts})
@@ -255,11 +255,11 @@ def fixed_tokens() -> torch.Tensor:
 
 def logits_of_checkpoint(location: str) -> dict[str, Any]:
     """The run's model (its base, adapters, experts settings) on one XLA device, in fp32."""
-    from demo.core import launch
-    from demo.tasks import load_task
-    from demo.training import build_config, plan_of
-    from demo.training.checkpoint import load_weights, read_config
-    from demo.training.model import build_model
+    from {{ cookiecutter.package_name }}.core import launch
+    from {{ cookiecutter.package_name }}.tasks import load_task
+    from {{ cookiecutter.package_name }}.training import build_config, plan_of
+    from {{ cookiecutter.package_name }}.training.checkpoint import load_weights, read_config
+    from {{ cookiecutter.package_name }}.training.model import build_model
 
     _, saved = read_config(location)
     one_device = {"devices": "1", "strategy": "single", "mesh": "", "precision": "32-true"}
