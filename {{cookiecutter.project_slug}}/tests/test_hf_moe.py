@@ -234,6 +234,7 @@ def test_moe_lora_on_attention_trains_and_exports_what_transformers_generates_wi
     assert summary["loop_compilations"] == 1 and summary["diagnosis"] == []
     assert summary["parameters"]["trainable"] < summary["parameters"]["total"] / 10
     assert "tokens_dropped=0.0000" in trained.stdout  # dropless: printed with the loss
+    assert set(summary["train_metrics"]) == ROUTER_METRICS  # the aux loss through peft too
     checkpoint = str(run_dir / "checkpoints")
     exported = cli("export", "--checkpoint", checkpoint, "--out", str(out), "--format", "hf")
     assert exported.returncode == 0, exported.stderr[-3000:]

@@ -80,7 +80,9 @@ BAD_RULES = {
         "expert=3 does not divide dimension 0 (256) of parameter 'embed.weight'",
     ),
     "expert axis unused": (
-        [], {"fsdp": 2, "expert": 4}, "the mesh has expert=4 but no rule splits a parameter"
+        [],
+        {"fsdp": 2, "expert": 4},
+        "the mesh has expert=4 but no rule splits a parameter",
     ),
 }
 

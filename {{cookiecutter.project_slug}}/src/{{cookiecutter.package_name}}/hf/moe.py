@@ -64,16 +64,16 @@ class MoeSettings:
 
 
 def experts_modules(model: nn.Module) -> list[nn.Module]:
-    """The modules that compute experts through transformers' experts interface."""
-    inner = unwrap(model)
-    if inner is None:
-        return []
-    found = getattr(inner, EXPERTS, None)
+    """The modules that compute experts through transformers' experts interface (found once
+    per model: the training step asks every step)."""
+    found = getattr(model, EXPERTS, None)
     if found is None:
-        # The `use_experts_implementation` decorator gives each instance these attributes.
-        found = [m for m in inner.modules() if hasattr(m, "_is_expert_parallel")]
-        found = [m for m in found if hasattr(m, "has_gate")]
-        setattr(inner, EXPERTS, found)  # a plain list: not a submodule, not in the state
+        inner = unwrap(model)
+        # The `use_experts_implementation` decorator sets these in each instance's __init__
+        # (in its own __dict__: a wrapper forwarding attributes to it, as peft's, is not one).
+        modules = inner.modules() if inner is not None else ()
+        found = [m for m in modules if {"_is_expert_parallel", "has_gate"} <= vars(m).keys()]
+        setattr(model, EXPERTS, found)  # a plain list: not a submodule, not in the state
     return list(found)
 
 
@@ -137,10 +137,9 @@ def _keep_aux_loss(module: nn.Module, args: Any, output: Any) -> None:
 
 def router_coefficient(model: nn.Module) -> float:
     """The aux loss's weight in the training loss: `[moe]`'s, else the model's config's."""
-    inner = unwrap(model)
-    coef = getattr(inner, "router_aux_loss_coef", None)
+    coef = getattr(model, "router_aux_loss_coef", None)  # the model's (peft forwards to it)
     if coef is None:
-        coef = getattr(inner.config, "router_aux_loss_coef", 0.0)
+        coef = getattr(unwrap(model).config, "router_aux_loss_coef", 0.0)
     return float(coef or 0.0)
 
 
@@ -162,7 +161,7 @@ def router_metrics(model: nn.Module) -> dict[str, torch.Tensor]:
     counts = torch.stack([tokens for tokens, _ in loads]).float()  # [layers, experts]
     kept = torch.stack([kept for _, kept in loads]).float().sum()
     metrics: dict[str, torch.Tensor] = {}
-    aux = getattr(unwrap(model), AUX, None)
+    aux = getattr(model, AUX, None)  # on the transformers model (peft forwards to it)
     if aux is not None:
         metrics["router_aux_loss"] = aux.float()
     # `.max()`: torch_xla 2.9 reduces nothing under `.amax()` without dims.

@@ -102,11 +102,7 @@ def train_metrics(task: Task, model: nn.Module) -> dict[str, torch.Tensor]:
     hook = getattr(task, "train_metrics", None)
     if callable(hook):
         return dict(hook(model))
-    from .. import hf
-
-    if not hf.is_hf_model(model):
-        return {}
-    from ..hf.moe import router_metrics
+    from ..hf.moe import router_metrics  # empty for a model without experts
 
     return router_metrics(model)
 
