@@ -204,6 +204,7 @@ HF = [
     "src/tpu_project/tasks/hf_causal_lm.py",
     "tests/test_task_hf_causal_lm.py",
     "tests/test_hf_models.py",
+    "tests/test_hf_moe.py",
     "tests/test_lora.py",
     "tests/test_hf_export.py",
     "tests/hf_helpers.py",

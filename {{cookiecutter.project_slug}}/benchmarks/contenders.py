@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from {{ cookiecutter.package_name }}.core import health, make_plan, move_to_device
 from {{ cookiecutter.package_name }}.hf import is_hf_model, unwrap
 from {{ cookiecutter.package_name }}.hf.masks import static_masks
+from {{ cookiecutter.package_name }}.hf.moe import experts_modules, prepare_experts
 from {{ cookiecutter.package_name }}.training import TrainConfig, fit
 from {{ cookiecutter.package_name }}.training.optim import lr_lambda
 
@@ -125,12 +126,15 @@ def for_xla_by_hand(model: nn.Module) -> nn.Module:
     The mask fix: `static_masks()` has transformers build attention masks from tensors.
     Without it every forward reads the device (its packed-sequence check), which cuts
     each step in two graphs and waits for the device. The key/value cache is off: a
-    training step never reads it.
+    training step never reads it. A mixture of experts gets the same static experts and
+    router loss as the training loop (`hf/moe.py`): the loops differ, not the model.
     """
     if not is_hf_model(model):
         return model
     static_masks()
     unwrap(model).config.use_cache = False
+    if experts_modules(model):
+        prepare_experts(model)
     return model
 
 
@@ -226,6 +230,9 @@ def trainer(task: Any, total: int, devices: int, workload: str, saves: str = "")
         "fallback_ops": summary["fallback_ops"],
         "eval_graphs": summary["compilations"] - summary["loop_compilations"],
         "first_step": summary["time_to_first_step_s"],
+        "flops_per_step": summary["throughput"]["flops_per_step"],
+        "tokens_per_step": summary["global_batch"] * (getattr(task, "tokens_per_sample", 0) or 0),
+        "parameters": summary["parameters"],
     }
 
 

@@ -10,6 +10,7 @@ from workloads import (
     DEPTH_STEPS,
     HF_LLAMA,
     HF_LLAMA_BATCH,
+    HF_MOE,
     STRATEGY,
     TRAINER_TARGET,
 )
@@ -18,6 +19,12 @@ HF_LLAMA_LABEL = (
     f"hf llama ({HF_LLAMA['layers']} layers, dim {HF_LLAMA['dim']}, "
     f"seq {HF_LLAMA['seq_len']}, batch {HF_LLAMA_BATCH})"
 )
+HF_MOE_LABEL = (
+    f"hf mixtral ({HF_MOE['experts']} experts, top {HF_MOE['experts_per_token']}, "
+    f"{HF_MOE['layers']} layers, dim {HF_MOE['dim']}, seq {HF_MOE['seq_len']}, "
+    f"batch {HF_LLAMA_BATCH})"
+)
+MODEL_KEYS = ("flops_per_step", "tokens_per_step", "parameters")  # the trainer reports them
 
 
 def table(rows: list[dict[str, Any]], task_name: str) -> str:
@@ -32,6 +39,7 @@ def table(rows: list[dict[str, Any]], task_name: str) -> str:
         "fsdp": f"fsdp {task_name} x8",
         "ckpt": f"{task_name}, saving every {CHECKPOINT_EVERY} steps",
         "hf-llama": HF_LLAMA_LABEL,
+        "hf-moe": HF_MOE_LABEL,
     }
     by_workload: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
@@ -89,9 +97,26 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
         if "accelerate" in group:
             ratio = ours["median"] / group["accelerate"]["median"]
             checks.append((f"trainer {ratio:.2f}x Accelerate (target >= 1.2x)", ratio >= 1.2))
+        checks += active_flops(ours.get("model", {}))
         for text, met in checks:
             notes.append(f"- {workload}: {'met' if met else 'MISSED'}: {text}")
     return notes
+
+
+def active_flops(model: dict[str, Any]) -> list[tuple[str, bool]]:
+    """For a mixture of experts: the FLOPs per step that FLOPs/s and MFU use, against
+    6 x active parameters x tokens (a token's top-k experts) and 6 x all of them."""
+    counts = model.get("parameters", {})
+    flops, tokens = model.get("flops_per_step"), model.get("tokens_per_step")
+    if "active" not in counts or not flops or not tokens:
+        return []
+    active, total = 6 * counts["active"] * tokens, 6 * counts["total"] * tokens
+    text = (
+        f"FLOPs/step for FLOPs/s and MFU: {flops:.3g}, {flops / active:.2f}x 6 x active "
+        f"parameters ({counts['active'] / 1e6:.2f}M) x tokens, {flops / total:.2f}x 6 x all "
+        f"({counts['total'] / 1e6:.2f}M; target: closer to active, attention on top)"
+    )
+    return [(text, abs(flops / active - 1) < abs(flops / total - 1))]
 
 
 def depth_table(rows: list[dict[str, Any]]) -> str:

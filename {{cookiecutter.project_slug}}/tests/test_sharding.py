@@ -32,8 +32,9 @@ SHAPES = {"qkv": (96, 32), "norm": (32,), "embed": (256, 32)}
 
 
 def test_mesh_takes_a_tensor_axis_innermost():
-    """It orders data, fsdp, tensor whatever order they are written in."""
+    """It orders data, fsdp, expert, tensor whatever order they are written in."""
     assert parse_mesh("tensor=2,data=2,fsdp=2") == (("data", 2), ("fsdp", 2), ("tensor", 2))
+    assert parse_mesh("expert=4,fsdp=2") == (("fsdp", 2), ("expert", 4))
 
 
 def test_rules_lay_out_what_they_name_and_fsdp_the_rest():
@@ -73,6 +74,16 @@ BAD_RULES = {
         "tensor=5 does not divide dimension 0 (96) of parameter 'blocks.0.attn.qkv.weight'",
     ),
     "tensor axis unused": ([], MESH, "the mesh has tensor=2 but no rule splits a parameter"),
+    "expert not dividing": (
+        [["embed.weight", ["expert", "fsdp"]]],
+        {"fsdp": 1, "expert": 3},
+        "expert=3 does not divide dimension 0 (256) of parameter 'embed.weight'",
+    ),
+    "expert axis unused": (
+        [],
+        {"fsdp": 2, "expert": 4},
+        "the mesh has expert=4 but no rule splits a parameter",
+    ),
 }
 
 

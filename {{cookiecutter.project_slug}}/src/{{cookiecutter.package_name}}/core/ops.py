@@ -23,6 +23,14 @@ def add_step_closure(fn: Callable[..., None], args: tuple[Any, ...] = ()) -> Non
     xm.add_step_closure(fn, args=args)
 
 
+def to_host(tensors: list[torch.Tensor]) -> list[float]:
+    """The values of computed device scalars, all read in one device-to-host transfer."""
+    import torch_xla.core.xla_model as xm
+
+    values: Any = xm._maybe_convert_to_cpu(list(tensors))  # one transfer for the list
+    return [float(value) for value in values]
+
+
 def rng_state() -> int:
     """The XLA device RNG seed (part of an exact-resume checkpoint)."""
     import torch_xla.core.xla_model as xm

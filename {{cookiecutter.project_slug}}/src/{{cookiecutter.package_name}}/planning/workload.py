@@ -73,8 +73,11 @@ class HFConfigTask:
         return build_decoder(self.hf_config)
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        logits = model(input_ids=batch["x"]).logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["y"].flatten())
+        from ..hf.moe import add_router_loss
+
+        output = model(input_ids=batch["x"])
+        loss = F.cross_entropy(output.logits.flatten(0, 1).float(), batch["y"].flatten())
+        return add_router_loss(loss, model, output)
 
 
 class Workload:

@@ -63,6 +63,7 @@ class TrainConfig:
     metrics_report: bool = False
     task_options: dict[str, Any] = field(default_factory=dict)
     lora: dict[str, Any] = field(default_factory=dict)  # empty: full training (see lora.py)
+    moe: dict[str, Any] = field(default_factory=dict)  # mixtures of experts (see hf/moe.py)
     # [[pattern, [axis or null per dimension]], ...]: parameter layouts over the mesh
     sharding_rules: list[Any] = field(default_factory=list)
 
@@ -133,6 +134,14 @@ class TrainConfig:
 
             try:
                 LoraSettings.from_dict(self.lora).check_precision(self.precision)
+            except HFConfigError as error:
+                raise ConfigError(str(error)) from None
+        if self.moe:
+            from ..hf import HFConfigError
+            from ..hf.moe import MoeSettings
+
+            try:
+                MoeSettings.from_dict(self.moe)
             except HFConfigError as error:
                 raise ConfigError(str(error)) from None
         return self

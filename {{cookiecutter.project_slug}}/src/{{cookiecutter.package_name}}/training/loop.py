@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ from torch import nn
 
 from ..core import Plan, Precision, Strategy, memory, ops, runtime
 from ..goodput.timeline import Timeline
-from ..tasks import Task, block_class, load_task
+from ..tasks import Task, block_class, load_task, train_metrics
 from .checkpoint import Checkpointer, default_directory, resume_location
 from .config import ConfigError, TrainConfig
 from .data import training_data
@@ -37,11 +37,14 @@ class TrainStep:
     strategy: Strategy
     precision: Precision
     config: TrainConfig
+    # Device scalars of the last forward (router numbers...), logged with the loss.
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __call__(self, batch: dict[str, torch.Tensor], last_micro: bool) -> torch.Tensor:
         batch = self.precision.convert_batch(batch)
         with self.precision.forward_context():
             loss = self.task.loss(self.model, batch)
+        self.metrics = train_metrics(self.task, self.model)
         accum = self.config.grad_accum
         (loss / accum if accum > 1 else loss).backward()  # `/ 1` would still be a graph node
         if last_micro:
@@ -137,14 +140,17 @@ def fit(
 
     # ---- the loop ------------------------------------------------------------------
     diverged: list[int] = []  # steps whose logged loss was NaN or infinite
+    logged: dict[str, float] = {}  # the last logged values of the step's metrics
 
-    def log_loss(at: int, loss: torch.Tensor, lr: float) -> None:
-        with watch.host_read():
-            value = float(loss.item())
+    def log_loss(at: int, loss: torch.Tensor, lr: float, metrics: dict[str, Any]) -> None:
+        with watch.host_read():  # the loss and the step's metrics: one transfer
+            value, *values = ops.to_host([loss, *metrics.values()])
         if not math.isfinite(value):
             diverged.append(at)
         progress.losses.append((at, value))
-        reporter.scalars(at, {"loss": value, "lr": lr, **meter.tick(at)}, "train")
+        named = dict(zip(metrics, values, strict=True))
+        logged.update(named)
+        reporter.scalars(at, {"loss": value, **named, "lr": lr, **meter.tick(at)}, "train")
 
     first: dict[str, float] = {}
     cadence = max(1, cfg.log_every)  # of host reads: loss logging and the stop agreement
@@ -171,7 +177,7 @@ def fit(
                 at = progress.step
                 if cfg.log_every and (due(cfg.log_every, at) or at == total):
                     lr = scheduler.get_last_lr()[0]
-                    ops.add_step_closure(log_loss, (at, loss, lr))  # runs after the step
+                    ops.add_step_closure(log_loss, (at, loss, lr, step.metrics))  # after it
                     watch.check(at)  # fail fast, on the logging cadence
                 ops.sync()  # one graph per optimizer step, however many micro-batches
                 if at == watch.start_step + 1:  # compiled and ran: report, then time the rest
@@ -235,6 +241,7 @@ def fit(
         "epochs": progress.epoch,
         "final_train_loss": progress.losses[-1][1] if progress.losses else None,
         "train_losses": [list(item) for item in progress.losses],
+        "train_metrics": logged,
         "eval": eval_metrics,
         **watch.counters(),
         "steps_per_second": round(rate, 3),
