@@ -72,9 +72,15 @@ def _fresh(tensors: list[torch.Tensor]) -> None:
 def _pending_python_tensors() -> bool:
     """Whether a device tensor Python holds has work pending (checked after a traced step)."""
     import gc
+    import warnings
 
-    objects = gc.get_objects()
-    tensors = [obj for obj in objects if isinstance(obj, torch.Tensor) and obj.device.type == "xla"]
+    with warnings.catch_warnings():  # isinstance() on deprecated torch objects warns
+        warnings.simplefilter("ignore", FutureWarning)
+        tensors = [
+            obj
+            for obj in gc.get_objects()
+            if isinstance(obj, torch.Tensor) and obj.device.type == "xla"
+        ]
     return any(_xlac()._check_tensor_need_materialization(tensors))
 
 
@@ -114,9 +120,12 @@ class ReplayedStep:
     # ---- the two traced steps --------------------------------------------------------
     def _trace(self, inputs: Any) -> Any:
         import torch_xla
+        import torch_xla.core.xla_model as xm
 
         X = _xlac()
+        seed = xm.get_rng_state()  # a sync advances the seed: this one must not
         torch_xla.sync()  # the state is device data: graph inputs, not pending work
+        xm.set_rng_state(seed)
         live = self.state()
         if self.phase == "capture":
             _fresh(live)
@@ -137,12 +146,12 @@ class ReplayedStep:
         changed = [index for index, need in enumerate(pending) if need]
         roots = out_leaves + [live[index] for index in changed]
         ids, values = X._get_tensors_xla_device_data_node(roots)
-        seed = X._get_seed_info_id()
+        seed_id = X._get_seed_info_id()
         roles: list[Role] = []
         constants: list[torch.Tensor] = []
         for tensor_id, value in zip(ids, values, strict=True):
             role = known.get(tensor_id) or known.get(_data_id(value))
-            if role is None and tensor_id == seed:
+            if role is None and tensor_id == seed_id:
                 role = ("seed", None)
             elif role is None:
                 role = ("constant", len(constants))
@@ -184,10 +193,10 @@ class ReplayedStep:
             (a, b) for a, b in zip(self._constants, constants, strict=True)
             if _data_id(a) != _data_id(b)
         ]  # fmt: skip
-        if stale:
+        if stale:  # new data, perhaps the same numbers: read both sides in one transfer
             with self.host_read():
-                same = all(torch.equal(a.cpu(), b.cpu()) for a, b in stale)
-            if not same:
+                host = _xlac()._xla_get_cpu_tensors([t for pair in stale for t in pair])
+            if not all(torch.equal(a, b) for a, b in zip(host[::2], host[1::2], strict=True)):
                 return "the step takes a host value that changes from one step to the next"
         return None
 

@@ -182,6 +182,7 @@ def fit(
 
     # ---- the end -------------------------------------------------------------------
     rate = watch.steps_per_second(progress.step)
+    host_ms = watch.host_ms_per_step(progress.step)
     if status == "completed" and evaluated_at != progress.step:
         eval_metrics = evaluate(model)
         reporter.scalars(progress.step, eval_metrics, "eval")
@@ -201,6 +202,7 @@ def fit(
         "eval": eval_metrics,
         **watch.counters(),
         "steps_per_second": round(rate, 3),
+        "host_ms_per_step": round(host_ms, 3),
         **first,
         "throughput": meter.summary(rate),
         "accelerator": plan.accelerator,
