@@ -128,6 +128,7 @@ class ReplayedStep:
         xm.set_rng_state(seed)
         live = self.state()
         if self.phase == "capture":
+            self._unshare(live)
             _fresh(live)
         # A graph input is known by the tensor that owns its data, or by the data itself.
         known: dict[Any, Role] = {}
@@ -172,6 +173,34 @@ class ReplayedStep:
             return self._give_up(results, "the step keeps tensors it neither updates nor returns")
         self.phase = "verify" if self.phase == "capture" else "replay"
         return results
+
+    def _unshare(self, live: list[torch.Tensor]) -> None:
+        """Give state tensors that share one device buffer buffers of their own.
+
+        Equal small values loaded from a checkpoint (every parameter's step count) come
+        from torch_xla's cache of uploaded scalars as one buffer: one input of the traced
+        graph, which a replay would feed to all of them ever after, and a graph unlike the
+        uninterrupted run's. Each gets a copy of its value, read once and uploaded uncached.
+        """
+        X = _xlac()
+        seen: set[str] = set()
+        shared = []
+        for tensor in live:
+            key = _data_id(tensor)
+            if key in seen:
+                shared.append(tensor)
+            seen.add(key)
+        if not shared:
+            return
+        with self.host_read():
+            values = X._xla_get_cpu_tensors(shared)
+        cached = X._get_xla_enable_device_data_cache()
+        X._set_xla_enable_device_data_cache(False)
+        try:
+            for tensor, value in zip(shared, values, strict=True):
+                torch._functionalize_unsafe_set(tensor, value.to(tensor.device))
+        finally:
+            X._set_xla_enable_device_data_cache(cached)
 
     def _compile(self, roots: list[torch.Tensor], changed: list[torch.Tensor]) -> None:
         """Compile the graph into the cache, the state it updates donated to its outputs."""

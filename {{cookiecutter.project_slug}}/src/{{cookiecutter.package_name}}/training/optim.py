@@ -102,12 +102,12 @@ def build_optimizer(
         return optimizer
     kind = OPTIMIZERS[config.optimizer]
     options: dict[str, Any] = {"lr": config.lr, "weight_decay": config.weight_decay}
-    if kind is torch.optim.AdamW:
+    trainable = [param for param in model.parameters() if param.requires_grad]  # not a frozen base
+    if kind is torch.optim.AdamW and trainable and trainable[0].device.type == "xla":
         # Its step count and bias corrections on the device: a replayed step needs no
         # host number but the learning rate, which it takes as an input.
         options["capturable"] = True
     options.update(config.optimizer_options)
-    trainable = [param for param in model.parameters() if param.requires_grad]  # not a frozen base
     try:
         return kind(trainable, **options)
     except (TypeError, ValueError) as error:

@@ -77,14 +77,21 @@ class TrainStep:
         return losses[0] if accum == 1 else torch.stack(losses).mean()
 
     def _state(self) -> list[torch.Tensor]:
-        """Every device tensor a step reads or updates: weights, buffers, optimizer state."""
+        """Every device tensor a step reads or updates: weights, buffers, optimizer state.
+
+        In an order fixed by the model and the param groups, never by how the optimizer's
+        state was filled (primed, or loaded from a checkpoint): the order makes the graph,
+        and a resumed run must compile the graph the uninterrupted one ran.
+        """
         found: dict[int, torch.Tensor] = {}
         for tensor in [*self.model.parameters(), *self.model.buffers()]:
             found.setdefault(id(tensor), tensor)
-        for state in self.optimizer.state.values():
-            for value in state.values():
-                if torch.is_tensor(value):
-                    found.setdefault(id(value), value)
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                state = self.optimizer.state.get(param, {})
+                for key in sorted(state):
+                    if torch.is_tensor(state[key]):
+                        found.setdefault(id(state[key]), state[key])
         return [tensor for tensor in found.values() if tensor.device.type == "xla"]
 
 
