@@ -106,6 +106,7 @@ def measure(workload: str, rounds: int | None) -> list[dict[str, Any]]:
     for name in contenders:
         cold = run_worker(workload, [name], 1)[name][0]
         rates = [run["rate"] for run in timed[name]]
+        host = [run["host_ms"] for run in timed[name]]
         rows.append(
             {
                 "workload": workload,
@@ -113,6 +114,7 @@ def measure(workload: str, rounds: int | None) -> list[dict[str, Any]]:
                 "steps_per_run": total,
                 "rounds": rates,
                 "median": statistics.median(rates),
+                "host_ms": statistics.median(host),
                 "compilations": cold["compilations"],
                 "first_step": cold["first_step"],
                 "eval_graphs": cold.get("eval_graphs"),

@@ -10,7 +10,10 @@ is laid out over them: one entry per dimension, an axis, several axes, or None (
 columns over `fsdp`. Patterns match the end of a parameter's name, `*` standing for one
 part (`layers.*.mlp.up_proj.weight`).
 Parameters no rule names follow the fsdp rule (their largest dimension over `fsdp`, as
-torch_xla's FSDPv2 lays them out), or stay whole on a mesh without `fsdp`.
+torch_xla's FSDPv2 lays them out), or stay whole on a mesh without `fsdp`. So do parameters
+whose rule splits them over a model axis (`tensor`, `expert`) the mesh lacks: such a rule describes a
+tensor-parallel layout, and what is left of it on an fsdp-only mesh (the columns over `fsdp`,
+biases whole) gathers and reduces slower than FSDPv2's layout, for nothing.
 
 Nothing here imports torch_xla: the `plan` command and the checks before launch use it too.
 """
@@ -29,7 +32,8 @@ from .runtime import RuntimeConfigError
 # their experts and back) run every mixture-of-experts layer, next to it.
 AXES = ("data", "fsdp", "expert", "tensor")
 BATCH_AXES = ("data", "fsdp", "expert")  # a batch's first dimension is split over these
-# Axes that split parameters for good: a split must be even, and some rule must use them.
+# Axes that split parameters for good: a split must be even, some rule must use them, and a
+# rule naming one applies only on a mesh that has it.
 MODEL_AXES = ("expert", "tensor")
 
 MeshShape = tuple[tuple[str, int], ...]
@@ -109,6 +113,10 @@ class Rule:
     def axes(self) -> set[str]:
         return {axis for entry in self.spec for axis in _axes_of(entry)}
 
+    def applies(self, mesh: Mapping[str, int]) -> bool:
+        """False where the rule splits over a model axis this mesh does not have."""
+        return all(mesh.get(axis, 1) > 1 for axis in self.axes() & set(MODEL_AXES))
+
 
 def _axes_of(entry: Entry) -> tuple[str, ...]:
     if entry is None:
@@ -175,9 +183,10 @@ def layout(
     rules: Sequence[Rule],
     mesh: Mapping[str, int],
 ) -> dict[str, Spec]:
-    """Each parameter's spec on `mesh`: the first rule naming it (by any of its names),
-    else the fsdp rule where the mesh has `fsdp`, else whole. RuntimeConfigError names a
-    rule that matches nothing, a rank mismatch, or a tensor axis that does not divide.
+    """Each parameter's spec on `mesh`: the first rule naming it (by any of its names) if
+    it applies on this mesh, else the fsdp rule where the mesh has `fsdp`, else whole.
+    RuntimeConfigError names a rule that matches nothing, a rank mismatch, or a tensor
+    axis that does not divide.
 
     `parameters` maps a parameter's first name to all its names (tied parameters have
     several), `shapes` that name to its shape.
@@ -190,17 +199,19 @@ def layout(
             ((i, r) for i, r in enumerate(rules) if any(r.matches(_plain(n)) for n in names)),
             None,
         )
-        if found is None:
-            spec = fsdp_spec(shape) if mesh.get("fsdp", 1) > 1 else (None,) * len(shape)
-        else:
-            index, rule = found
-            used.add(index)
+        rule = None
+        if found is not None:
+            used.add(found[0])
+            rule = found[1]
             if len(rule.spec) != len(shape):
                 raise RuntimeConfigError(
                     f"rule {rule.pattern!r} gives {len(rule.spec)} dimension(s) but parameter "
                     f"{names[0]!r} has {len(shape)} (shape {list(shape)})"
                 )
+        if rule is not None and rule.applies(mesh):
             spec = rule.spec
+        else:
+            spec = fsdp_spec(shape) if mesh.get("fsdp", 1) > 1 else (None,) * len(shape)
         specs[key] = on_mesh(spec, mesh)
         _check_divides(names[0], shape, specs[key], mesh)
     unused = [r.pattern for i, r in enumerate(rules) if r.required and i not in used]

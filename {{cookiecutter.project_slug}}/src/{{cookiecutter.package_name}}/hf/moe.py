@@ -155,13 +155,17 @@ def add_router_loss(loss: torch.Tensor, model: nn.Module, output: Any) -> torch.
 def router_metrics(model: nn.Module) -> dict[str, torch.Tensor]:
     """Device scalars of the last forward: the aux loss, the busiest expert's tokens over
     the mean (the worst layer's), and the share of routed (token, expert) pairs dropped."""
-    loads = [getattr(m, LOADS) for m in experts_modules(model) if hasattr(m, LOADS)]
+    # Taken, not read: a step keeps no tensor of its own once it has returned its numbers
+    # (a replayed step would leave it stale, so the step could not be replayed).
+    found = (vars(m).pop(LOADS, None) for m in experts_modules(model))
+    loads = [load for load in found if load is not None]
     if not loads:
         return {}
     counts = torch.stack([tokens for tokens, _ in loads]).float()  # [layers, experts]
     kept = torch.stack([kept for _, kept in loads]).float().sum()
     metrics: dict[str, torch.Tensor] = {}
-    aux = getattr(model, AUX, None)  # on the transformers model (peft forwards to it)
+    # On the transformers model, under peft's wrapper when there is one.
+    aux = vars(model).pop(AUX, None) or vars(unwrap(model)).pop(AUX, None)
     if aux is not None:
         metrics["router_aux_loss"] = aux.float()
     # `.max()`: torch_xla 2.9 reduces nothing under `.amax()` without dims.

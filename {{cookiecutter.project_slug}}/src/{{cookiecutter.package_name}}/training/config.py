@@ -44,6 +44,8 @@ class TrainConfig:
     schedule: str = "cosine"
     grad_accum: int = 1
     grad_clip: float = 1.0
+    # Trace the step once and replay its graph (false: trace every step, as torch_xla does)
+    replay_step: bool = True
     eval_every: int = 0
     log_every: int = 20
     checkpoint_every: int = 0

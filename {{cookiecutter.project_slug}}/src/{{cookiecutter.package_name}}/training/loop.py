@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..core import Plan, Precision, Strategy, memory, ops, runtime
+from ..core import Plan, Precision, memory, ops, runtime
 from ..goodput.timeline import Timeline
-from ..tasks import Task, block_class, load_task, train_metrics
+from ..tasks import Task, block_class, load_task
 from .checkpoint import Checkpointer, default_directory, resume_location
 from .config import ConfigError, TrainConfig
 from .data import training_data
@@ -22,39 +21,9 @@ from .model import build_model, describe_parameters, parameter_counts, sharding_
 from .optim import build_optimizer, build_scheduler
 from .reporting import Reporter
 from .state import Progress
+from .step import TrainStep
 from .throughput import Meter, Peak, count_flops, throughput_line
 from .watch import Preemption, RunWatch
-
-
-@dataclass
-class TrainStep:
-    """One micro-batch forward and backward; the optimizer steps on the last micro-batch."""
-
-    task: Task
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    strategy: Strategy
-    precision: Precision
-    config: TrainConfig
-    # Device scalars of the last forward (router numbers...), logged with the loss.
-    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def __call__(self, batch: dict[str, torch.Tensor], last_micro: bool) -> torch.Tensor:
-        batch = self.precision.convert_batch(batch)
-        with self.precision.forward_context():
-            loss = self.task.loss(self.model, batch)
-        self.metrics = train_metrics(self.task, self.model)
-        accum = self.config.grad_accum
-        (loss / accum if accum > 1 else loss).backward()  # `/ 1` would still be a graph node
-        if last_micro:
-            self.strategy.reduce_gradients(self.optimizer)
-            if self.config.grad_clip:  # after the cross-replica reduction
-                nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach().float()
 
 
 def due(every: int, step: int) -> bool:
@@ -117,7 +86,7 @@ def fit(
     diagnostics = Diagnostics(
         Path(cfg.run_dir), cfg.profile_steps, cfg.profile_port, cfg.metrics_report, master
     )
-    step = TrainStep(task, model, optimizer, scheduler, strategy, precision, cfg)
+    step = TrainStep(task, model, optimizer, scheduler, strategy, precision, cfg, watch.host_read)
     replicas = strategy.data_layout()[0]
     global_batch = cfg.batch_size * strategy.local_devices() * replicas
     flops = count_flops(task, train_feeder.sample)  # of one process's batch
@@ -161,16 +130,16 @@ def fit(
     with Preemption() as preemption:
         watch.loop_started(progress.step)
         while progress.step < total and status == "completed":
-            micro: list[torch.Tensor] = []  # losses of the step's micro-batches so far
+            micro: list[Any] = []  # the step's micro-batches so far
             stepped = progress.step
             skip = progress.batches_done * cfg.grad_accum  # started there, not read again
             batches = train_feeder.epoch(progress.epoch, skip, saver.restored_stream)
             saver.restored_stream = ""  # the next epoch starts the stream afresh
             for batch in batches:
-                micro.append(step(batch, last_micro=len(micro) + 1 == cfg.grad_accum))
+                micro.append(batch)
                 if len(micro) < cfg.grad_accum:
                     continue
-                loss = micro[0] if len(micro) == 1 else torch.stack(micro).mean()
+                loss = step(micro)  # queued on the device: nothing here waits for it
                 micro = []
                 progress.step += 1
                 progress.batches_done += 1
@@ -183,6 +152,8 @@ def fit(
                 if at == watch.start_step + 1:  # compiled and ran: report, then time the rest
                     first = watch.first_step()
                     reporter.line(throughput_line(first))
+                    if step.reason is not None:
+                        reporter.line(f"step: traced every step ({step.reason})")
                     meter.start(at)
                 on_cadence = due(cadence, at)
                 # Processes must agree to stop, or one would wait forever in a collective;
@@ -225,6 +196,7 @@ def fit(
 
     # ---- the end -------------------------------------------------------------------
     rate = watch.steps_per_second(progress.step)
+    host_ms = watch.host_ms_per_step(progress.step)
     if status == "completed" and evaluated_at != progress.step:
         eval_metrics = evaluate(model)
         reporter.scalars(progress.step, eval_metrics, "eval")
@@ -245,6 +217,7 @@ def fit(
         "eval": eval_metrics,
         **watch.counters(),
         "steps_per_second": round(rate, 3),
+        "host_ms_per_step": round(host_ms, 3),
         **first,
         "throughput": meter.summary(rate),
         "accelerator": plan.accelerator,
@@ -255,6 +228,7 @@ def fit(
         "tied_parameters": ties.to_dict(),
         "parameters": parameters,
         "compile_cache": ops.compile_cache_use(cache),
+        "step": {"replayed": step.reason is None, "traced_because": step.reason},
         "memory": {**state_bytes, "device_peak_bytes": memory.device_peak_bytes(runtime.device())},
         "run_dir": str(cfg.run_dir),
     }

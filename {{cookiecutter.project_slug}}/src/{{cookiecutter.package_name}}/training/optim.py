@@ -31,8 +31,11 @@ class Adafactor(torch.optim.Adafactor):
     step's graph, and the first step's decay of exactly 1.0 becomes a constant of a
     graph of its own. Here the step count lives beside the parameter and the clamps
     run on the device: one graph for every step. The math, the hyperparameters and the
-    state names (`step`, `row_var`, `col_var`, `variance`) are torch's.
+    state names (`step`, `row_var`, `col_var`, `variance`) are torch's. The learning
+    rate may be a device scalar: a replayed step feeds it as an input.
     """
+
+    takes_device_lr = True
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -41,7 +44,7 @@ class Adafactor(torch.optim.Adafactor):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr = float(group["lr"])
+            lr = group["lr"]
             eps1, eps2 = group["eps"]
             for param in group["params"]:
                 if param.grad is None:
@@ -109,8 +112,13 @@ def build_optimizer(
             )
         return optimizer
     kind = OPTIMIZERS[config.optimizer]
-    options = {"lr": config.lr, "weight_decay": config.weight_decay, **config.optimizer_options}
+    options: dict[str, Any] = {"lr": config.lr, "weight_decay": config.weight_decay}
     trainable = [param for param in model.parameters() if param.requires_grad]  # not a frozen base
+    if kind is torch.optim.AdamW and trainable and trainable[0].device.type == "xla":
+        # Its step count and bias corrections on the device: a replayed step needs no
+        # host number but the learning rate, which it takes as an input.
+        options["capturable"] = True
+    options.update(config.optimizer_options)
     try:
         return kind(trainable, **options)
     except (TypeError, ValueError) as error:
