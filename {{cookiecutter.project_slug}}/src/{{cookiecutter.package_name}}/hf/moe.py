@@ -165,7 +165,9 @@ def router_metrics(model: nn.Module) -> dict[str, torch.Tensor]:
     kept = torch.stack([kept for _, kept in loads]).float().sum()
     metrics: dict[str, torch.Tensor] = {}
     # On the transformers model, under peft's wrapper when there is one.
-    aux = vars(model).pop(AUX, None) or vars(unwrap(model)).pop(AUX, None)
+    aux = vars(model).pop(AUX, None)
+    if aux is None:
+        aux = vars(unwrap(model)).pop(AUX, None)
     if aux is not None:
         metrics["router_aux_loss"] = aux.float()
     # `.max()`: torch_xla 2.9 reduces nothing under `.amax()` without dims.
