@@ -525,7 +525,9 @@ def test_multislice_train_pod_starts_every_worker_with_its_slice_environment(
         "train-pod",
         f"SLICES={SLICES}",
         f"POD_TRAIN=--python {RECORDING_PYTHON} --accelerator cpu --devices 1",
-        "ARGS=--config configs/rehearsal.yaml --max-steps 2 --log-every 1 --eval-every 0",
+        # A run of its own: slice 0's workers hold the finished run of the one-slice test.
+        "ARGS=--config configs/rehearsal.yaml --run-dir runs/multislice --max-steps 2"
+        " --log-every 1 --eval-every 0",
     )
     succeeded(ran)
     assert f"pod: {WORKERS * SLICES}/{WORKERS * SLICES} workers succeeded" in ran.stderr

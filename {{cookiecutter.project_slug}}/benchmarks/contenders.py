@@ -211,10 +211,13 @@ def accelerate_loop(task: Any, total: int, devices: int, workload: str) -> dict[
     return clock.result()
 
 
-def trainer(task: Any, total: int, devices: int, workload: str, saves: str = "") -> dict[str, Any]:
+def trainer(
+    task: Any, total: int, devices: int, workload: str, saves: str = "", replay: bool = True
+) -> dict[str, Any]:
     """The training loop through its public API, default features on, eval off.
 
-    `saves` ("sync" or "async") checkpoints every CHECKPOINT_EVERY steps.
+    `saves` ("sync" or "async") checkpoints every CHECKPOINT_EVERY steps; `replay=False`
+    traces every step (`replay_step = false`), to show what replaying saves the host.
     """
     strategy = STRATEGY.get(workload, "single")
     with tempfile.TemporaryDirectory() as run_dir:
@@ -230,6 +233,7 @@ def trainer(task: Any, total: int, devices: int, workload: str, saves: str = "")
             max_steps=total,
             log_every=LOG_EVERY,
             run_dir=run_dir,
+            replay_step=replay,
         )
         summary = fit(config, make_plan("cpu", devices, strategy), task=task)
     # Its timer starts after step 3 too; its loop counters exclude the final eval and save.
@@ -250,6 +254,7 @@ def trainer(task: Any, total: int, devices: int, workload: str, saves: str = "")
 CONTENDERS: dict[str, Callable[[Any, int, int, str], dict[str, Any]]] = {
     "hand-written": hand_written,
     "trainer": trainer,
+    "trainer, traced": functools.partial(trainer, replay=False),
     "accelerate": accelerate_loop,
     "trainer+sync saves": functools.partial(trainer, saves="sync"),
     "trainer+async saves": functools.partial(trainer, saves="async"),

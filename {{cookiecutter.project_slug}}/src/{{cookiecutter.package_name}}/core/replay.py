@@ -49,9 +49,18 @@ def _xlac() -> Any:
     return torch_xla._XLAC
 
 
-def _data_id(tensor: torch.Tensor) -> str:
-    """The identity of a tensor's device data (shared by every tensor holding that data)."""
-    return str(_xlac()._unique_id_for_ir_and_data(tensor))
+def _data_id(tensor: torch.Tensor) -> tuple[str, Any]:
+    """The identity of a tensor's device buffer, shared by every tensor holding it (a
+    tensor still pending has no buffer: its IR's).
+
+    The buffer, not the tensor: a sharded weight no step updates (LoRA's frozen base) is
+    read through a new tensor at every access, over the same buffer.
+    """
+    X = _xlac()
+    try:
+        return ("buffer", X._get_tensors_handle([tensor])[0])
+    except RuntimeError:  # no buffer yet
+        return ("ir", str(X._unique_id_for_ir_and_data(tensor)))
 
 
 def _fresh(tensors: list[torch.Tensor]) -> None:
@@ -105,6 +114,7 @@ class ReplayedStep:
         self.state = state
         self.host_read = host_read or contextlib.nullcontext
         self.reason = reason  # why the step is traced every time (None: it replays)
+        self.reads = 0  # device reads of the two traced steps (checks made once, reported)
         self.phase = "capture"  # then "verify", then "replay"
         self._graph: _Graph | None = None
         self._constants: list[torch.Tensor] = []
@@ -192,8 +202,7 @@ class ReplayedStep:
             seen.add(key)
         if not shared:
             return
-        with self.host_read():
-            values = X._xla_get_cpu_tensors(shared)
+        values = self._read(shared)
         cached = X._get_xla_enable_device_data_cache()
         X._set_xla_enable_device_data_cache(False)
         try:
@@ -223,11 +232,17 @@ class ReplayedStep:
             if _data_id(a) != _data_id(b)
         ]  # fmt: skip
         if stale:  # new data, perhaps the same numbers: read both sides in one transfer
-            with self.host_read():
-                host = _xlac()._xla_get_cpu_tensors([t for pair in stale for t in pair])
+            host = self._read([t for pair in stale for t in pair])
             if not all(torch.equal(a, b) for a, b in zip(host[::2], host[1::2], strict=True)):
                 return "the step takes a host value that changes from one step to the next"
         return None
+
+    def _read(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Device values read in one transfer, allowed by the guard and counted."""
+        self.reads += 1
+        with self.host_read():
+            values: list[torch.Tensor] = _xlac()._xla_get_cpu_tensors(tensors)
+        return values
 
     def _give_up(self, out: Any, reason: str) -> Any:
         """Trace every step from now on; this step's traced work is pending, and runs."""

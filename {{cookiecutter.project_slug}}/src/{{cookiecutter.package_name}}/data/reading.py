@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from .encoding import same_identity
 from .manifest import INDEX, MANIFEST, DataError, Manifest, filesystem, join, read_manifest
 from .packing import IDS, LABELS, file_layout
-from .readahead import ReadAhead
+from .readahead import ReadAhead, ReadAheadSampler
 
 Sample = dict[str, torch.Tensor]
 
@@ -59,10 +59,10 @@ class PackedWindows(Dataset[Sample]):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_files": {}, "_fs": None, "ahead": None}
 
-    @property
-    def reads_ahead(self) -> bool:
-        """Whether a sampler should announce the windows it will ask for (remote data)."""
-        return self.remote
+    def read_ahead_sampler(self, **kwargs: Any) -> ReadAheadSampler | None:
+        """The sampler that announces the windows it will ask for, so they are fetched
+        while the step runs (remote data); None: local reads need none."""
+        return ReadAheadSampler(self, **kwargs) if self.remote else None
 
     def _open(self) -> None:
         fs, path = filesystem(self.folder)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from ..core import DeviceFeeder, Strategy, prepare_dataloader
-from ..data.readahead import ReadAheadSampler
 from ..tasks import Task
 from .config import ConfigError, TrainConfig
 
@@ -54,16 +53,17 @@ def training_data(
 
 def _read_ahead(
     dataset: object, replicas: int, rank: int, per_process: int, config: TrainConfig
-) -> ReadAheadSampler | None:
+) -> Sampler[int] | None:
     """For a dataset read over the network (a prepared dataset on gs://), the sampler that
     has it fetch the next batches while the step runs; None: the usual shuffling sampler.
 
-    With DataLoader workers, they prefetch in their own processes instead.
+    The dataset makes it (`read_ahead_sampler`): the loop knows no dataset's storage. With
+    DataLoader workers, they prefetch in their own processes instead.
     """
-    if not getattr(dataset, "reads_ahead", False) or config.num_workers:
+    make = getattr(dataset, "read_ahead_sampler", None)
+    if make is None or config.num_workers:
         return None
-    return ReadAheadSampler(
-        dataset,
+    sampler: Sampler[int] | None = make(
         ahead=READ_AHEAD_BATCHES * per_process,
         group=per_process,
         num_replicas=replicas,
@@ -72,3 +72,4 @@ def _read_ahead(
         seed=config.seed,
         drop_last=True,
     )
+    return sampler

@@ -229,7 +229,11 @@ def fit(
         "tied_parameters": ties.to_dict(),
         "parameters": parameters,
         "compile_cache": ops.compile_cache_use(cache),
-        "step": {"replayed": step.reason is None, "traced_because": step.reason},
+        "step": {
+            "replayed": step.reason is None,
+            "traced_because": step.reason,
+            "warmup_reads": step.replayed.reads,
+        },
         "memory": {**state_bytes, "device_peak_bytes": memory.device_peak_bytes(runtime.device())},
         "run_dir": str(cfg.run_dir),
     }
