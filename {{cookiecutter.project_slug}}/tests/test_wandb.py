@@ -70,7 +70,7 @@ def test_preempted_run_resumed_on_another_vm_continues_its_wandb_run(
     """It logs to W&B offline what TensorBoard gets, step by step; W&B's files hold
     summary.json's losses and eval, the config and the report; the resumed attempt on
     another VM finds the run id beside the gs:// checkpoints and continues that run's history
-    from the step it restored."""
+    from the step it restored, and `wandb sync` takes both attempts as that run's."""
     remote = f"{gcs_bucket}/runs/week1"
     config = write_config(
         tmp_path, max_steps=STEPS, log_every=1, eval_every=4, checkpoint_every=4, seed=3
@@ -111,6 +111,16 @@ def test_preempted_run_resumed_on_another_vm_continues_its_wandb_run(
     assert after["summary"]["final_train_loss"] == summary["final_train_loss"]
     assert f"resuming at step {stopped['steps']}" in " ".join(after["summary"]["report"])
     assert summary["diagnosis"] == []  # no device read beyond the logged ones
+
+    synced = subprocess.run(
+        [sys.executable, "-m", "wandb", "sync", "--dry-run", str(first / "wandb"),
+         str(second / "wandb")],
+        env={**os.environ, "WANDB_MODE": "offline"}, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    files = [line for line in synced.stderr.splitlines() if f"run-{kept['id']}.wandb" in line]
+    assert synced.returncode == 0 and len(files) == 2, synced.stderr
+    assert sorted(str(first) in line for line in files) == [False, True]  # one per attempt
 
 
 def test_online_run_without_a_key_is_refused_in_one_line(tmp_path: Path) -> None:
