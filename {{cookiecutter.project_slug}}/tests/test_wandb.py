@@ -19,7 +19,7 @@ from {{ cookiecutter.package_name }}.training.loggers import RUN_ID, STEP
 from training_helpers import cli, cli_env, popen, wait_for, write_config
 
 STEPS = 12
-OFFLINE = ("--set", "loggers=tensorboard,wandb", "--set", "wandb.mode=offline")
+WANDB = ("--set", "loggers=tensorboard,wandb")
 
 
 def records_of(wandb_file: Path) -> list[dict[str, Any]]:
@@ -65,25 +65,29 @@ def tensorboard_tags(run_dir: Path) -> set[str]:
 
 @pytest.mark.slow
 def test_preempted_run_resumed_on_another_vm_continues_its_wandb_run(
-    gcs_bucket: str, tmp_path: Path
+    gcs_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """It logs to W&B offline what TensorBoard gets, step by step; W&B's files hold
-    summary.json's losses and eval, the config and the report; the resumed attempt on
-    another VM finds the run id beside the gs:// checkpoints and continues that run's history
-    from the step it restored, and `wandb sync` takes both attempts as that run's."""
+    """It logs to W&B offline (by config, then by WANDB_MODE) what TensorBoard gets, step by
+    step; W&B's files hold summary.json's losses and eval, the config, the report and the
+    goodput of both attempts; the resumed attempt on another VM finds the run id beside the
+    gs:// checkpoints and continues that run's history from the step it restored, and
+    `wandb sync` takes both attempts as that run's."""
     remote = f"{gcs_bucket}/runs/week1"
     config = write_config(
-        tmp_path, max_steps=STEPS, log_every=1, eval_every=4, checkpoint_every=4, seed=3
+        tmp_path, max_steps=STEPS, log_every=1, eval_every=4, checkpoint_every=4, seed=3,
+        goodput="local",
     )
     args = ("train", "--config", str(config), "--checkpoint-dir", remote, "--resume", "auto")
-    args += (*OFFLINE, "--set", "wandb.project=week1", "--set", 'wandb.tags=["spot"]')
+    args += (*WANDB, "--set", "wandb.project=week1", "--set", 'wandb.tags=["spot"]')
     first, second = tmp_path / "first-vm", tmp_path / "second-vm"
-    process = popen(*args, "--run-dir", str(first))
+    monkeypatch.delenv("WANDB_MODE")
+    process = popen(*args, "--run-dir", str(first), "--set", "wandb.mode=offline")
     wait_for(process, "step 6 train")
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=300)
     assert process.returncode == EXIT_PREEMPTED, output
     stopped = json.loads((first / "summary.json").read_text())
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the second VM: offline by its environment
     resumed = cli(*args, "--run-dir", str(second))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((second / "summary.json").read_text())
@@ -110,6 +114,9 @@ def test_preempted_run_resumed_on_another_vm_continues_its_wandb_run(
     assert after["summary"]["status"] == "completed"
     assert after["summary"]["final_train_loss"] == summary["final_train_loss"]
     assert f"resuming at step {stopped['steps']}" in " ".join(after["summary"]["report"])
+    goodput = after["summary"]["goodput"]  # the account of the whole run: both attempts
+    assert (goodput["attempts"], goodput["disruptions"]) == (2, 1)
+    assert goodput["max_productive_step"] == STEPS
     assert summary["diagnosis"] == []  # no device read beyond the logged ones
 
     synced = subprocess.run(
