@@ -1,6 +1,6 @@
 """Steps/s of the training loop beside a hand-written torch_xla loop and Accelerate, on XLA:CPU.
 
-    python benchmarks/bench.py [--workloads mlp,task,spmd,fsdp,ckpt,hf-llama,hf-moe]
+    python benchmarks/bench.py [--workloads mlp,task,spmd,fsdp,ckpt,wandb,hf-llama,hf-moe]
                                [--rounds 5] [--out runs/bench] [--profile]
 
 Workloads: an MLP on one device, the example task on one device, the MLP data parallel
@@ -10,7 +10,8 @@ Mixtral (a mixture of experts) on one device (skipped where transformers is not
 installed); "vs reference" is the ratio to
 the hand-written loop. The ckpt workload runs the training loop on the example task
 without saves (its reference), then saving every 10 steps synchronously, then in the
-background (async_checkpoint). Every contender trains the
+background (async_checkpoint). The wandb workload runs it without and with a W&B run
+(offline) beside TensorBoard: steps/s, host ms/step and transfers. Every contender trains the
 same model on the same data with the same batch size, precision (fp32), device and
 math (AdamW, warm-up + cosine schedule, gradient clipping at 1.0, the loss read every
 20 steps). Within one workload all contenders run

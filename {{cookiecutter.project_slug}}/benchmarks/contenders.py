@@ -212,12 +212,19 @@ def accelerate_loop(task: Any, total: int, devices: int, workload: str) -> dict[
 
 
 def trainer(
-    task: Any, total: int, devices: int, workload: str, saves: str = "", replay: bool = True
+    task: Any,
+    total: int,
+    devices: int,
+    workload: str,
+    saves: str = "",
+    replay: bool = True,
+    wandb_on: bool = False,
 ) -> dict[str, Any]:
     """The training loop through its public API, default features on, eval off.
 
     `saves` ("sync" or "async") checkpoints every CHECKPOINT_EVERY steps; `replay=False`
-    traces every step (`replay_step = false`), to show what replaying saves the host.
+    traces every step (`replay_step = false`), to show what replaying saves the host;
+    `wandb_on` logs to a W&B run (offline, in the run's folder) beside TensorBoard.
     """
     strategy = STRATEGY.get(workload, "single")
     with tempfile.TemporaryDirectory() as run_dir:
@@ -234,6 +241,8 @@ def trainer(
             log_every=LOG_EVERY,
             run_dir=run_dir,
             replay_step=replay,
+            loggers=["tensorboard", "wandb"] if wandb_on else ["tensorboard"],
+            wandb={"mode": "offline", "project": "bench"} if wandb_on else {},
         )
         summary = fit(config, make_plan("cpu", devices, strategy), task=task)
     # Its timer starts after step 3 too; its loop counters exclude the final eval and save.
@@ -258,4 +267,5 @@ CONTENDERS: dict[str, Callable[[Any, int, int, str], dict[str, Any]]] = {
     "accelerate": accelerate_loop,
     "trainer+sync saves": functools.partial(trainer, saves="sync"),
     "trainer+async saves": functools.partial(trainer, saves="async"),
+    "trainer+wandb": functools.partial(trainer, wandb_on=True),
 }

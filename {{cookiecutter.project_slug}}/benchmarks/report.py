@@ -38,6 +38,7 @@ def table(rows: list[dict[str, Any]], task_name: str) -> str:
         "spmd": "spmd mlp x8",
         "fsdp": f"fsdp {task_name} x8",
         "ckpt": f"{task_name}, saving every {CHECKPOINT_EVERY} steps",
+        "wandb": f"{task_name}, W&B (offline) off and on",
         "hf-llama": HF_LLAMA_LABEL,
         "hf-moe": HF_MOE_LABEL,
     }
@@ -75,6 +76,9 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
             for row in rows
             if row["workload"] == workload and "skipped" not in row
         }
+        if "trainer+wandb" in group:
+            for text, met in logger_cost(group["trainer"], group["trainer+wandb"]):
+                notes.append(f"- {workload}: {'met' if met else 'MISSED'}: {text}")
         if "hand-written" not in group:
             continue  # skipped, or a comparison of the loop with itself: no target
         ours = group["trainer"]
@@ -102,6 +106,22 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
         for text, met in checks:
             notes.append(f"- {workload}: {'met' if met else 'MISSED'}: {text}")
     return notes
+
+
+def logger_cost(off: dict[str, Any], on: dict[str, Any]) -> list[tuple[str, bool]]:
+    """W&B on against off: steps/s and host time per step within the noise (the spread of
+    the off rounds, at least 5%), and not one transfer more."""
+    noise = max((max(off["rounds"]) - min(off["rounds"])) / off["median"], 0.05)
+    rate, host = on["median"] / off["median"], on["host_ms"] / off["host_ms"]
+    extra = on["transfers_per_step"] - off["transfers_per_step"]
+    return [
+        (f"W&B on {rate:.2f}x the steps/s of off (noise {noise:.0%})", rate >= 1 - noise),
+        (
+            f"W&B on {on['host_ms']:.2f} host ms/step, off {off['host_ms']:.2f} ({host:.2f}x)",
+            host <= 1 + noise,
+        ),
+        (f"W&B on {extra:+.3f} transfers/step against off (target 0)", extra <= 0),
+    ]
 
 
 def active_flops(model: dict[str, Any]) -> list[tuple[str, bool]]:

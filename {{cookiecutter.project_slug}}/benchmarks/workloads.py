@@ -30,6 +30,7 @@ WORKLOADS = {
     "hf-llama": (33, 3, 1, ("hand-written", "trainer", "trainer, traced")),
     "hf-moe": (33, 3, 1, ("hand-written", "trainer")),
     "ckpt": (60, 3, 1, ("trainer", "trainer+sync saves", "trainer+async saves")),
+    "wandb": (60, 3, 1, ("trainer", "trainer+wandb")),
 }
 CHECKPOINT_EVERY = 10  # the ckpt workload: steps/s while saving this often
 # The trainer's steps/s against the hand-written loop's, on every workload: at least this.
@@ -136,6 +137,8 @@ def skip_reason(name: str) -> str | None:
     """Why this bake cannot run the workload (None: it can)."""
     if name in HF_WORKLOADS and importlib.util.find_spec("transformers") is None:
         return "transformers is not installed (pip install -e '.[hf]')"
+    if name == "wandb" and importlib.util.find_spec("wandb") is None:
+        return "wandb is not installed (pip install -e '.[wandb]')"
     return None
 
 

@@ -15,6 +15,8 @@ pytest_plugins = ["gcs_emulator"]
 
 # The XLA runtime reads PJRT_DEVICE once, when it starts: set it before any test touches it.
 os.environ.setdefault("PJRT_DEVICE", "CPU")
+# No test reaches W&B's servers: a run that logs to W&B writes its files for `wandb sync`.
+os.environ["WANDB_MODE"] = "offline"
 
 SUBPROCESS_TIMEOUT = 300
 

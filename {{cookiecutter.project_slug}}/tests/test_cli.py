@@ -99,6 +99,9 @@ BAD_TRAIN = {
     "bad-type": (["--set", "batch_size=big"], "batch_size must be int"),
     "unknown-optimizer": (["--set", "optimizer=lamb"], "unknown optimizer 'lamb'"),
     "missing-config": (["--config", "/no/such.toml"], "does not exist"),
+    "unknown-logger": (["--set", "loggers=tensorboard,comet"], "unknown logger 'comet'"),
+    "unknown-wandb-option": (["--set", "wandb.team=x"], "unknown wandb option 'team'"),
+    "bad-wandb-tags": (["--set", "wandb.tags=spot"], "wandb.tags must be a list of text"),
 }
 
 

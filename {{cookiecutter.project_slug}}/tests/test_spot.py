@@ -91,7 +91,7 @@ def test_task_asks_for_the_spot_slice_its_zones_and_bounded_retries(tmp_path: Pa
     startup, install = task["setup"].splitlines()
     assert startup == f"sudo env LOG=/dev/stdout bash {SLUG}/scripts/tpu-startup.sh"
     assert install.startswith(f"cd {SLUG} && if [ -w /opt/{SLUG}/.venv/bin ]; then ")
-    assert "-m pip install --quiet '.[gcs,goodput]'" in install
+    assert "-m pip install --quiet '.[gcs,goodput,wandb]'" in install
 
 
 def test_task_defaults_to_the_projects_tpu_in_its_zone_and_on_demand_when_asked(

@@ -24,9 +24,10 @@ from ..pod.defaults import STARTUP_SCRIPT
 # SkyPilot's default: a region that preempted a slice is likely to preempt the next one, so
 # the slice is recreated in the next zone or region of the list first.
 RECOVERY_STRATEGY = "EAGER_NEXT_REGION"
-# What a spot host installs beside the project: gcsfs for the gs:// checkpoints, and
-# ml-goodput-measurement for the goodput account at the end of every attempt.
-INSTALL_EXTRAS = ("gcs", "goodput")
+# What a spot host installs beside the project: gcsfs for the gs:// checkpoints,
+# ml-goodput-measurement for the goodput account at the end of every attempt, and wandb for
+# runs that log to W&B (every host reads the config, and refuses "wandb" without it).
+INSTALL_EXTRAS = ("gcs", "goodput", "wandb")
 _ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
 _REGION = re.compile(r"[a-z]+-[a-z]+[0-9]+")
 

@@ -60,6 +60,9 @@ class TrainConfig:
     resume: str = ""  # "", "auto", "latest", or a checkpoint (directory) path or URL
     # Goodput records beside the checkpoints: "local", "cloud" (also to Cloud Logging), "off".
     goodput: str = "local"
+    # Where the figures go besides the terminal: "tensorboard", "wandb" (the `wandb` extra)
+    loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    wandb: dict[str, Any] = field(default_factory=dict)  # project, entity, name, tags, group, mode
     profile_steps: int = 0
     profile_port: int = 9012
     metrics_report: bool = False
@@ -120,6 +123,9 @@ class TrainConfig:
                 'goodput = "cloud" writes through ml-goodput-measurement: '
                 "pip install -e '.[goodput]'"
             )
+        from .loggers import check as check_loggers
+
+        check_loggers(self.loggers, self.wandb)
         if self.resume.lower() in ("true", "1", "yes"):
             self.resume = "latest"  # a bare --resume, or resume = true in a file
         if "://" in self.run_dir:
@@ -185,6 +191,8 @@ def _coerce(key: str, value: Any) -> Any:
     if kind in (dict, list):
         if isinstance(value, str):
             value = parse_value(value)  # TOML from the command line: {seq_len = 32}, [...]
+        if kind is list and isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]  # a,b: words
         if not isinstance(value, kind):
             what = "a table" if kind is dict else "a list"
             raise ConfigError(f"{key} must be {what}, got {value!r}")

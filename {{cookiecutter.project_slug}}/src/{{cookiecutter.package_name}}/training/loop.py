@@ -83,7 +83,7 @@ def fit(
 
     master = strategy.is_master()
     evaluate = Evaluator(task, strategy, precision, cfg, watch.host_read)
-    reporter = Reporter(Path(cfg.run_dir), total, master)
+    reporter = Reporter.of_run(cfg, directory, total, master)  # TensorBoard, W&B: `loggers`
     diagnostics = Diagnostics(
         Path(cfg.run_dir), cfg.profile_steps, cfg.profile_port, cfg.metrics_report, master
     )

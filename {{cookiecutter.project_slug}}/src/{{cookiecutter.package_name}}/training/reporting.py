@@ -1,4 +1,5 @@
-"""Rank-0 reporting: TensorBoard scalars, a rich progress bar or plain lines, summary.json."""
+"""Rank-0 reporting: a rich progress bar or plain lines, the loggers (TensorBoard, W&B),
+summary.json."""
 
 from __future__ import annotations
 
@@ -10,22 +11,23 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .loggers import open_loggers
+
 
 class Reporter:
     """Writes only when `enabled` (the master process); every method is cheap otherwise."""
 
-    def __init__(self, run_dir: Path, total_steps: int, enabled: bool) -> None:
+    def __init__(
+        self, run_dir: Path, total: int, enabled: bool, loggers: list[Any] | None = None
+    ) -> None:
         self.enabled = enabled
         self.run_dir = run_dir
         self.console = Console(file=sys.stdout)
-        self.writer: Any = None
+        self.loggers: list[Any] = loggers or []
         self.progress: Progress | None = None
         if not enabled:
             return
-        from torch.utils.tensorboard import SummaryWriter
-
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
         if self.console.is_terminal:
             self.progress = Progress(
                 TextColumn("train"),
@@ -35,33 +37,50 @@ class Reporter:
                 TimeElapsedColumn(),
                 console=self.console,
             )
-            self._bar = self.progress.add_task("train", total=total_steps, status="")
+            self._bar = self.progress.add_task("train", total=total, status="")
             self.progress.start()
 
+    @classmethod
+    def of_run(cls, config: Any, checkpoint_dir: str, total: int, enabled: bool) -> Reporter:
+        """The run's reporter, with the loggers its config names (opened on the master only)."""
+        run_dir = Path(config.run_dir)
+        if not enabled:
+            return cls(run_dir, total, enabled)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return cls(run_dir, total, enabled, open_loggers(config, run_dir, checkpoint_dir))
+
     def line(self, text: str) -> None:
+        """A line of the run's report: printed, and kept by the loggers that keep text."""
         if self.enabled:
-            self.console.print(text, highlight=False, soft_wrap=True)
+            self._print(text)
+            for logger in self.loggers:
+                logger.line(text)
+
+    def _print(self, text: str) -> None:
+        self.console.print(text, highlight=False, soft_wrap=True)
 
     def scalars(self, step: int, values: dict[str, float], prefix: str) -> None:
         if not self.enabled:
             return
-        for key, value in values.items():
-            self.writer.add_scalar(f"{prefix}/{key}", value, step)
+        for logger in self.loggers:
+            logger.scalars(step, values, prefix)
         text = " ".join(f"{k}={_number(v)}" for k, v in values.items())
         if self.progress is not None:
             self.progress.update(self._bar, completed=step, status=f"{prefix} {text}")
         else:
-            self.line(f"step {step} {prefix} {text}")
+            self._print(f"step {step} {prefix} {text}")
 
     def summary(self, data: dict[str, Any]) -> Path | None:
-        """Write summary.json, close everything, and return the path."""
+        """Write summary.json, give it to the loggers, close everything, and return the path."""
         if not self.enabled:
             return None
         if self.progress is not None:
             self.progress.stop()
-        self.writer.close()
         path = self.run_dir / "summary.json"
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        loggers, self.loggers = self.loggers, []  # the lines after this are the terminal's
+        for logger in loggers:
+            logger.summary(data)
         return path
 
 
