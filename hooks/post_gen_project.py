@@ -64,9 +64,11 @@ PRUNE: dict[str, dict[str, tuple[str, ...]]] = {
 # project's layout: the chosen backend's files are moved over the project (replacing the
 # default's, adding its own), then the folder goes. The default backend has none there.
 BACKENDS_DIR = "_backends"
-# Files of the default backend (torch_xla) that no other backend has: removed when another
-# backend is chosen.
+# Files of the default backend (torch_xla) that another backend's bake does without: its
+# modules, and the tests that speak to torch_xla or whose shared code the default bake's
+# suite proves (a torch_tpu bake keeps its suite small: see _backends/torch_tpu/tests).
 TORCH_XLA_ONLY = (
+    "tests/test_sharding.py",
     "src/{package}/core/checkpoint_planner.py",
     "src/{package}/core/strategies/spmd.py",
     "tests/test_batches.py",

@@ -19,6 +19,7 @@ either backend's step the same way.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -62,6 +63,8 @@ class ReplayedStep:
         self.phase = "capture" if reason is None else "eager"
         self._compiled: Callable[[Any], Any] | None = None
         if reason is None:
+            # dynamo notes, once per compiled frame, that it drops profiler ranges: noise.
+            logging.getLogger("torch._logging._internal").setLevel(logging.ERROR)
             self._compiled = torch.compile(fn, backend=self.backend, dynamic=False)
 
     def __call__(self, inputs: Any) -> Any:

@@ -243,11 +243,19 @@ def spawn(
     strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], start_method: str
 ) -> Any:
     """Start one process per device on this host through torchrun's launcher (a c10d
-    rendezvous on a free local port) and return process 0's result; a failed process
-    stops the others and raises RuntimeError with its error."""
+    rendezvous on a free local port) and return process 0's result.
+
+    An expected error (a bad config, a checkpoint that cannot be read: a ValueError) comes
+    back from every process and is raised here as it was raised there, in one line; a
+    crash stops the other processes and raises RuntimeError with its last line.
+    """
+    import logging
+
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
+        logging.getLogger(name).setLevel(logging.ERROR)  # the launcher's own chatter
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -266,12 +274,25 @@ def spawn(
         message = str(failure.message.get("message", failure.message))
         last = message.strip().splitlines()[-1] if message.strip() else "failed"
         raise RuntimeError(f"process {rank} failed: {last}") from None
+    for rank in sorted(results):
+        if isinstance(results[rank], _Failed):
+            raise results[rank].error
     return results[0]
 
 
+class _Failed:
+    """An expected error a process met, sent back to the launching process."""
+
+    def __init__(self, error: ValueError) -> None:
+        self.error = error
+
+
 def _process_entry(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    strategy.start()
-    return fn(*args)
+    try:
+        strategy.start()
+        return fn(*args)
+    except ValueError as error:  # every process meets it alike: no one waits for the others
+        return _Failed(error)
 
 
 CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."

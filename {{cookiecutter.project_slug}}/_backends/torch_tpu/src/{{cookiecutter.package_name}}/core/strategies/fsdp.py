@@ -125,8 +125,9 @@ class FullyShardedDataParallel(ProcessPerDevice):
         from torch.distributed.fsdp import fully_shard
 
         report = tying.move_and_retie(model, runtime.device())
+        specs = _specs(model, rules, self.mesh_axes())  # refuses rules that cannot apply
         if self.tensor_size() > 1:
-            self._parallelize(model, rules)
+            self._parallelize(model, specs)
         if activation_checkpointing:
             checkpoint_blocks(model, block_class)
         data_axes = tuple(axis for axis, _ in self.mesh_shape() if axis in BATCH_AXES)
@@ -137,7 +138,7 @@ class FullyShardedDataParallel(ProcessPerDevice):
         self._data_groups()
         return model, check_after(model, report)
 
-    def _parallelize(self, model: nn.Module, rules: Sequence[Rule]) -> None:
+    def _parallelize(self, model: nn.Module, specs: dict[str, Spec]) -> None:
         """Tensor parallelism of the layers the rules split over `tensor`."""
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
@@ -145,7 +146,6 @@ class FullyShardedDataParallel(ProcessPerDevice):
             parallelize_module,
         )
 
-        specs = _specs(model, rules, self.mesh_axes())
         plan: dict[str, Any] = {}
         for name, module in model.named_modules():
             spec = specs.get(f"{name}.weight")
