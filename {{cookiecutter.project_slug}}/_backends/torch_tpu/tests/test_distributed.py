@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from training_helpers import QUIET, TINY
 
 pytestmark = pytest.mark.slow  # several multi-process runs: `make test-fast` skips them

@@ -118,7 +118,8 @@ def read(location: str, state: dict[str, Any]) -> None:
     """Load a checkpoint into `state` in place, resharding to the tensors' layout.
 
     Tensors in `state` receive the saved values (DTensors as they are sharded now,
-    whatever the layout at save time); other entries are replaced by the saved objects. Entries of the checkpoint that `state` does not name are not read.
+    whatever the layout at save time); other entries are replaced by the saved objects.
+    Entries of the checkpoint that `state` does not name are not read.
     """
     import torch.distributed.checkpoint as dcp
 

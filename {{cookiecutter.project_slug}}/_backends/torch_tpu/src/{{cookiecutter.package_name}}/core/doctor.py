@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import importlib.metadata
 import importlib.util
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -70,7 +69,9 @@ def check_versions(torch_version: str | None, torch_tpu: str | None, on_tpu: boo
     low, high = TORCH_RANGE
     if mm is None or not low <= mm <= high:
         return Check(
-            "versions", "error", f"torch {torch_version} is outside torch-tpu 0.2's 2.11-2.15",
+            "versions",
+            "error",
+            f"torch {torch_version} is outside torch-tpu 0.2's 2.11-2.15",
             "make install (the project pins torch 2.13.0)",
         )
     if torch_tpu is None:

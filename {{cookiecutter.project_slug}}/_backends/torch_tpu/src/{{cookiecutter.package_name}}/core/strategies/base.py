@@ -217,7 +217,12 @@ class ProcessPerDevice(Strategy):
         return super().create(accelerator, devices, core, mesh)
 
     def cpu_devices(self) -> int:
-        return self.devices or CPU_EMULATED_DEVICES
+        """Processes on this host: the devices asked for, on a TPU all of the host's."""
+        if self.devices:
+            return self.devices
+        if self.accelerator == "tpu":
+            return runtime.devices_per_host(runtime.accelerator_type())
+        return CPU_EMULATED_DEVICES
 
     def spawns(self) -> bool:
         return not runtime.launched() and self.cpu_devices() > 1
@@ -254,6 +259,12 @@ def spawn(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    if strategy.accelerator == "tpu":
+        # TorchTPU's launcher helper sets the slice's addresses and topology for the
+        # processes (TORCH_TPU_SLICEBUILDER_ADDRESSES, TORCH_TPU_TOPOLOGY): a TPU only.
+        from torch.tpu.distributed import environment  # type: ignore[import-not-found]
+
+        environment.set_tpu_launch_env(nproc_per_node=strategy.cpu_devices())
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(name).setLevel(logging.ERROR)  # the launcher's own chatter
     config = LaunchConfig(

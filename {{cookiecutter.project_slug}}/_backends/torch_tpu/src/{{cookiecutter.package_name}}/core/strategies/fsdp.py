@@ -21,7 +21,16 @@ from torch import nn
 
 from .. import runtime, tying
 from ..runtime import RuntimeConfigError
-from ..sharding import BATCH_AXES, MeshShape, Rule, Spec, layout, mesh_devices, mesh_text, parse_mesh
+from ..sharding import (
+    BATCH_AXES,
+    MeshShape,
+    Rule,
+    Spec,
+    layout,
+    mesh_devices,
+    mesh_text,
+    parse_mesh,
+)
 from .base import ProcessPerDevice, blocks_of, check_after, checkpoint_blocks
 
 AXES = ("data", "fsdp", "tensor")
