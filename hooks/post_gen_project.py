@@ -69,6 +69,10 @@ BACKENDS_DIR = "_backends"
 # suite proves (a torch_tpu bake keeps its suite small: see _backends/torch_tpu/tests).
 TORCH_XLA_ONLY = (
     "tests/test_sharding.py",
+    "benchmarks/contenders.py",
+    "benchmarks/workloads.py",
+    "benchmarks/profiling.py",
+    "benchmarks/report.py",
     "src/{package}/core/checkpoint_planner.py",
     "src/{package}/core/strategies/spmd.py",
     "tests/test_batches.py",

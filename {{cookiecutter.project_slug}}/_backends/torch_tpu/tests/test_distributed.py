@@ -104,3 +104,43 @@ def test_resumed_run_from_gcs_equals_the_uninterrupted_one(
     resumed = python_subprocess(["-c", RUN, json.dumps(second), "0"])
     assert resumed["steps"] == 8
     assert resumed["train_losses"] == whole["train_losses"]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_two_hosts_meet_and_train_the_one_process_losses(
+    runs: dict[str, Any], tmp_path: Path
+) -> None:
+    """It joins two hosts (127.0.0.2 and .3, one process each) into one job from the slice's
+    worker addresses and ids, as on a pod, and trains the one-process losses."""
+    import subprocess
+    import sys
+
+    from training_helpers import cli_env, write_config
+
+    config = write_config(tmp_path, max_steps=STEPS, log_every=1, eval_every=0, batch_size=4)
+    port = str(free_port())
+    hosts = []
+    for worker in range(2):
+        env = {**cli_env(), "TPU_WORKER_HOSTNAMES": "127.0.0.2,127.0.0.3",
+               "TPU_WORKER_ID": str(worker), "MASTER_PORT": port}  # fmt: skip
+        run_dir = str(tmp_path / f"host{worker}")
+        command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "train",
+                   "--config", str(config), "--devices", "1", "--run-dir", run_dir]  # fmt: skip
+        hosts.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    outputs = [host.communicate(timeout=900)[0] for host in hosts]
+    assert [host.returncode for host in hosts] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    summary = json.loads((tmp_path / "host0" / "summary.json").read_text())
+    assert not (tmp_path / "host1" / "summary.json").exists()  # the job's master writes it
+    assert summary["strategy"] == "ddp" and summary["devices"] == 2
+    assert summary["global_batch"] == 8
+    reference = runs["single"]["train_losses"]
+    for (step, loss), (_, expected) in zip(summary["train_losses"], reference, strict=True):
+        assert loss == pytest.approx(expected, rel=TOLERANCE), step

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import posixpath
 import warnings
-from concurrent.futures import Future
 from typing import Any
 
 _NOTES = (
@@ -106,27 +105,54 @@ def _reader(location: str) -> Any:
     return FsspecReader(location) if "://" in location else FileSystemReader(location)
 
 
-def saved_keys(location: str) -> set[str]:
-    """The flattened names of everything a checkpoint holds (`model.embed.weight`, ...)."""
+def _flat_keys(location: str) -> set[str]:
+    """The keys torch's planner flattened the saved state into (`config.lr`, ...)."""
     try:
         return set(_reader(location).read_metadata().state_dict_metadata)
     except failures() as error:  # a missing or foreign file: several exception types
         raise CheckpointError(f"cannot read checkpoint {location!r}: {reason(error)}") from None
 
 
+def saved_keys(location: str) -> set[str]:
+    """The flattened names of everything a checkpoint holds (`model.embed.weight`, ...) and
+    the tables they belong to (`config`, `model`)."""
+    keys = _flat_keys(location)
+    tables = {key.rsplit(".", depth)[0] for key in keys for depth in range(1, key.count(".") + 1)}
+    return keys | tables
+
+
 def read(location: str, state: dict[str, Any]) -> None:
     """Load a checkpoint into `state` in place, resharding to the tensors' layout.
 
     Tensors in `state` receive the saved values (DTensors as they are sharded now,
-    whatever the layout at save time); other entries are replaced by the saved objects.
-    Entries of the checkpoint that `state` does not name are not read.
+    whatever the layout at save time); other entries are replaced by the saved objects
+    (a `None` entry naming a table receives the whole table). Entries of the checkpoint
+    that `state` does not name are not read.
     """
     import torch.distributed.checkpoint as dcp
 
+    keys = _flat_keys(location)
+    for name, value in list(state.items()):
+        if value is None and name not in keys:
+            state[name] = _table(name, keys)
     try:
         dcp.load(state, storage_reader=_reader(location), planner=_load_planner(state))
     except failures() as error:
         raise CheckpointError(f"cannot read checkpoint {location!r}: {reason(error)}") from None
+
+
+def _table(name: str, keys: set[str]) -> dict[str, Any]:
+    """The nested tables under `name` that the saved keys spell, their leaves None."""
+    table: dict[str, Any] = {}
+    for key in keys:
+        if not key.startswith(f"{name}."):
+            continue
+        *path, leaf = key[len(name) + 1 :].split(".")
+        inner = table
+        for part in path:
+            inner = inner.setdefault(part, {})
+        inner[leaf] = None
+    return table
 
 
 def _load_planner(state: dict[str, Any]) -> Any:
@@ -173,7 +199,7 @@ class CheckpointStore:
             raise CheckpointError(
                 f"cannot use checkpoint directory {directory!r}: {reason(error)}"
             ) from None
-        self._pending: list[tuple[int, Future[Any]]] = []
+        self._pending: list[tuple[int, Any]] = []  # (step, the save's Future)
 
     def steps(self) -> list[int]:
         return completed_steps(self.directory)

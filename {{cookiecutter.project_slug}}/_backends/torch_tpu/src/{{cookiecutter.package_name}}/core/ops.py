@@ -25,10 +25,14 @@ def add_step_closure(fn: Callable[..., None], args: tuple[Any, ...] = ()) -> Non
 
 
 def to_host(tensors: list[torch.Tensor]) -> list[float]:
-    """The values of computed device scalars, read in one device-to-host transfer."""
+    """The values of the step's scalars (its loss and metrics) as the global batch's: each
+    process's averaged over the processes that read other data (one all-reduce: every
+    process reads at the same steps, the logging cadence), read in one transfer."""
+    from .runtime import mean_over_data
+
     health.count_transfer()
-    values = torch.stack([t.detach().float().reshape(()) for t in tensors]).cpu()
-    return [float(value) for value in values]
+    values = torch.stack([t.detach().float().reshape(()) for t in mean_over_data(tensors)])
+    return [float(value) for value in values.cpu()]
 
 
 def to_device(values: list[float]) -> torch.Tensor:

@@ -9,8 +9,9 @@ refuses after warm-up. Dynamo breaks the step at `loss.backward()` and inside
 after the first steps. The compile backend is TorchTPU's `"tpu"` on a TPU (static shapes);
 on the CPU stand-in, `aot_eager` (the same captured graphs, run by PyTorch's kernels:
 exact), or `TORCH_COMPILE_BACKEND` (e.g. `inductor`). The learning rates are inputs of the
-step (tensors), so the schedule never recompiles it. The step's outputs (its loss and
-metrics) are averaged over the data-parallel processes: the global batch's numbers.
+step (tensors), so the schedule never recompiles it. Its outputs (the loss and metrics)
+are each process's; they are averaged over the data-parallel processes when they are read
+(`ops.to_host`, on the logging cadence): the global batch's numbers.
 
 The class keeps the torch_xla backend's name and signature: `training/step.py` builds
 either backend's step the same way.
@@ -25,9 +26,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
-
-from .runtime import mean_over_data
 
 BACKEND_VARIABLE = "TORCH_COMPILE_BACKEND"
 
@@ -68,9 +66,8 @@ class ReplayedStep:
             self._compiled = torch.compile(fn, backend=self.backend, dynamic=False)
 
     def __call__(self, inputs: Any) -> Any:
-        out = self.fn(inputs) if self._compiled is None else self._compiled(inputs)
-        self.phase = "replay" if self._compiled is not None else self.phase
-        # The loss and metrics of the global batch, as one process of torch_xla's SPMD
-        # computes them: each process's own averaged over those that read other data.
-        leaves, spec = pytree.tree_flatten(out)
-        return pytree.tree_unflatten(mean_over_data(leaves), spec)
+        if self._compiled is None:
+            return self.fn(inputs)
+        out = self._compiled(inputs)
+        self.phase = "replay"
+        return out

@@ -177,6 +177,40 @@ def launched() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+@dataclass(frozen=True)
+class Hosts:
+    """The hosts of a job and this one's place: what torchrun's rendezvous needs."""
+
+    count: int
+    rank: int
+    coordinator: str
+    port: int
+
+
+DEFAULT_PORT = 29500  # torchrun's
+
+
+def hosts() -> Hosts:
+    """This job's hosts: torchrun's NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT (what
+    TorchTPU's launcher helper sets on a TPU VM), else the slice's TPU_WORKER_HOSTNAMES and
+    this worker's TPU_WORKER_ID (what the helper reads them from); one host without them."""
+    port = _env_int("MASTER_PORT", DEFAULT_PORT)
+    if "NNODES" in os.environ and "MASTER_ADDR" in os.environ:
+        return Hosts(
+            _env_int("NNODES", 1), _env_int("NODE_RANK", 0), os.environ["MASTER_ADDR"], port
+        )
+    names = [n.strip() for n in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if n.strip()]
+    if len(names) > 1:
+        rank = _env_int("TPU_WORKER_ID", 0)
+        if rank >= len(names):
+            raise RuntimeConfigError(
+                f"TPU_WORKER_ID={rank} is not below the {len(names)} TPU_WORKER_HOSTNAMES: "
+                "the launcher set them apart"
+            )
+        return Hosts(len(names), rank, names[0], port)
+    return Hosts(1, 0, "localhost", port)
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "")
     return int(value) if value.isdigit() else default

@@ -2,11 +2,13 @@
 
 `single` (one device), `ddp` (one process per device, DistributedDataParallel) and `fsdp`
 (FSDP2 over a device mesh of one process per device; with a `tensor` axis, DTensor's
-tensor parallelism too). `auto` picks `single` for one device and `ddp` for more.
+tensor parallelism too). `auto` picks `single` for one device of one host and `ddp` for
+more (several devices, or the hosts of a pod).
 """
 
 from __future__ import annotations
 
+from .. import runtime
 from ..runtime import RuntimeConfigError
 from ..sharding import parse_mesh
 from .base import CPU_EMULATED_DEVICES, SingleDevice, Strategy, blocks_of
@@ -44,5 +46,6 @@ def resolve(
     if name not in CHOICES:
         raise RuntimeConfigError(f"unknown strategy {name!r}: choose one of {', '.join(CHOICES)}")
     if name == "auto":
-        name = "single" if devices == 1 else "ddp"
+        # One device of one host alone; several, or the hosts of a pod, one process each.
+        name = "single" if devices == 1 and runtime.hosts().count == 1 else "ddp"
     return STRATEGIES[name].create(accelerator, devices, core, mesh)

@@ -225,7 +225,9 @@ class ProcessPerDevice(Strategy):
         return CPU_EMULATED_DEVICES
 
     def spawns(self) -> bool:
-        return not runtime.launched() and self.cpu_devices() > 1
+        if runtime.launched():
+            return False
+        return self.cpu_devices() > 1 or runtime.hosts().count > 1
 
     def data_layout(self) -> tuple[int, int]:
         return runtime.world_size(), runtime.global_ordinal()
@@ -267,28 +269,38 @@ def spawn(
         environment.set_tpu_launch_env(nproc_per_node=strategy.cpu_devices())
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(name).setLevel(logging.ERROR)  # the launcher's own chatter
+    pod = runtime.hosts()
+    if pod.count > 1:  # every host's launcher meets at the first host's store
+        rendezvous: dict[str, Any] = {
+            "rdzv_backend": "static",
+            "rdzv_endpoint": f"{pod.coordinator}:{pod.port}",
+            "rdzv_configs": {"rank": pod.rank, "timeout": 900},
+            "run_id": "{{ cookiecutter.project_slug }}",
+        }
+    else:  # one host: a store on a free local port, no other run can meet it
+        rendezvous = {"rdzv_backend": "c10d", "rdzv_endpoint": "localhost:0",
+                      "run_id": uuid.uuid4().hex}  # fmt: skip
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=pod.count,
+        max_nodes=pod.count,
         nproc_per_node=strategy.cpu_devices(),
-        run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
         max_restarts=0,
         monitor_interval=0.1,
         start_method="fork" if start_method == "fork" else "spawn",
+        **rendezvous,
     )
     try:
         results = elastic_launch(config, _process_entry)(strategy, fn, args)
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
-        message = str(failure.message.get("message", failure.message))
+        raw = failure.message
+        message = str(raw.get("message", raw) if isinstance(raw, dict) else raw)
         last = message.strip().splitlines()[-1] if message.strip() else "failed"
         raise RuntimeError(f"process {rank} failed: {last}") from None
     for rank in sorted(results):
         if isinstance(results[rank], _Failed):
             raise results[rank].error
-    return results[0]
+    return results[min(results)]  # this host's first process (the job's on host 0)
 
 
 class _Failed:

@@ -136,7 +136,7 @@ class FullyShardedDataParallel(ProcessPerDevice):
         report = tying.move_and_retie(model, runtime.device())
         specs = _specs(model, rules, self.mesh_axes())  # refuses rules that cannot apply
         if self.tensor_size() > 1:
-            self._parallelize(model, specs)
+            self._parallelize(model, blocks_of(model, block_class), specs)
         if activation_checkpointing:
             checkpoint_blocks(model, block_class)
         data_axes = tuple(axis for axis, _ in self.mesh_shape() if axis in BATCH_AXES)
@@ -147,35 +147,53 @@ class FullyShardedDataParallel(ProcessPerDevice):
         self._data_groups()
         return model, check_after(model, report)
 
-    def _parallelize(self, model: nn.Module, specs: dict[str, Spec]) -> None:
-        """Tensor parallelism of the layers the rules split over `tensor`."""
+    def _parallelize(
+        self, model: nn.Module, blocks: list[nn.Module], specs: dict[str, Spec]
+    ) -> None:
+        """Tensor parallelism of the blocks' layers the rules split over `tensor`.
+
+        Only inside the repeated blocks, where each split layer's partner undoes the split
+        (column-wise, then row-wise): the embedding and the head stay whole over `tensor`
+        (FSDP2 shards them), so the loss sees whole logits and tied weights stay one.
+        """
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
             RowwiseParallel,
             parallelize_module,
         )
 
-        plan: dict[str, Any] = {}
-        for name, module in model.named_modules():
-            spec = specs.get(f"{name}.weight")
-            if spec is None or not any(_has_tensor(entry) for entry in spec):
-                continue
-            output_split = _has_tensor(spec[0])
-            if isinstance(module, nn.Linear):
-                plan[name] = ColwiseParallel() if output_split else RowwiseParallel()
-            elif isinstance(module, nn.Embedding):
-                plan[name] = RowwiseParallel() if output_split else ColwiseParallel()
-            else:
-                raise RuntimeConfigError(
-                    f"a rule splits {name}.weight over 'tensor', but {type(module).__name__} "
-                    "is neither a Linear nor an Embedding: only those run tensor-parallel here"
-                )
-        if not plan:
+        block_ids = {id(block) for block in blocks}
+        names = {id(module): name for name, module in model.named_modules()}
+        found = False
+        for block in blocks:
+            prefix = f"{names[id(block)]}."
+            plan: dict[str, Any] = {}
+            for name, module in block.named_modules():
+                spec = specs.get(f"{prefix}{name}.weight")
+                if spec is None or not any(_has_tensor(entry) for entry in spec):
+                    continue
+                if id(module) in block_ids - {id(block)}:
+                    continue  # a nested block: parallelized as its own
+                output_split = _has_tensor(spec[0])
+                if isinstance(module, nn.Linear):
+                    plan[name] = ColwiseParallel() if output_split else RowwiseParallel()
+                elif isinstance(module, nn.Embedding):
+                    plan[name] = RowwiseParallel() if output_split else ColwiseParallel()
+                else:
+                    raise RuntimeConfigError(
+                        f"a rule splits {prefix}{name}.weight over 'tensor', but "
+                        f"{type(module).__name__} is neither a Linear nor an Embedding: only "
+                        "those run tensor-parallel here"
+                    )
+            if plan:
+                parallelize_module(block, self.mesh()["tensor"], plan)
+                found = True
+        if not found:
             raise RuntimeConfigError(
-                f"the mesh has tensor={self.tensor_size()} but no rule splits a Linear or an "
-                "Embedding over it: give sharding_rules that use 'tensor', or drop the axis"
+                f"the mesh has tensor={self.tensor_size()} but no rule splits a Linear of the "
+                "model's repeated blocks over it: give sharding_rules that use 'tensor' (and a "
+                "task block_class), or drop the axis"
             )
-        parallelize_module(model, self.mesh()["tensor"], plan)
 
     def _data_groups(self) -> None:
         """One process group per tensor coordinate: the processes that read different data."""
