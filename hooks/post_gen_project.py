@@ -60,6 +60,62 @@ PRUNE: dict[str, dict[str, tuple[str, ...]]] = {
     "example_task": {task: _other_tasks(task) for task in TASK_FILES},
 }
 
+# Each backend's own modules and tests live under BACKENDS_DIR/<backend>/, mirroring the
+# project's layout: the chosen backend's files are moved over the project (replacing the
+# default's, adding its own), then the folder goes. The default backend has none there.
+BACKENDS_DIR = "_backends"
+# Files of the default backend (torch_xla) that another backend's bake does without: its
+# modules, and the tests that speak to torch_xla or whose shared code the default bake's
+# suite proves (a torch_tpu bake keeps its suite small: see _backends/torch_tpu/tests).
+TORCH_XLA_ONLY = (
+    "tests/test_sharding.py",
+    "benchmarks/contenders.py",
+    "benchmarks/workloads.py",
+    "benchmarks/profiling.py",
+    "benchmarks/report.py",
+    "src/{package}/core/checkpoint_planner.py",
+    "src/{package}/core/strategies/spmd.py",
+    "tests/test_batches.py",
+    "tests/test_checkpoints.py",
+    "tests/test_cli.py",
+    "tests/test_data_training.py",
+    "tests/test_diagnostics.py",
+    "tests/test_doctor.py",
+    "tests/test_evaluation.py",
+    "tests/test_fsdp.py",
+    "tests/test_guard.py",
+    "tests/test_hf_export.py",
+    "tests/test_hf_models.py",
+    "tests/test_hf_moe.py",
+    "tests/test_lora.py",
+    "tests/test_multislice.py",
+    "tests/test_optimizers.py",
+    "tests/test_plan.py",
+    "tests/test_precision.py",
+    "tests/test_replay.py",
+    "tests/test_runtime.py",
+    "tests/test_scan.py",
+    "tests/test_spot.py",
+    "tests/test_spot_rehearsal.py",
+    "tests/test_strategy.py",
+    "tests/test_streaming.py",
+    "tests/test_task_hf_causal_lm.py",
+    "tests/test_task_lm.py",
+    "tests/test_task_vision.py",
+    "tests/test_throughput.py",
+    "tests/test_trainer.py",
+    "tests/test_tying.py",
+    "tests/test_your_model.py",
+    "tests/test_data_ray.py",
+    "tests/test_pod.py",
+    "tests/test_dockerfile.py",
+    "tests/test_startup_script.py",
+    "tests/test_makefile.py",
+    "tests/test_readme.py",
+    "tests/test_goodput.py",
+)
+OTHER_BACKEND_PRUNE = {"torch_tpu": TORCH_XLA_ONLY}
+
 ANSWERS_FILE = ".cookiecutter.json"
 EXECUTABLE_GLOBS = ("scripts/*.sh",)
 # A template location worth recording: remote, so it means the same on any machine.
@@ -89,6 +145,29 @@ def prune(project_dir: Path, answers: Mapping[str, Any]) -> list[Path]:
             shutil.rmtree(path)
             removed.append(path)
     return removed
+
+
+def apply_backend(project_dir: Path, answers: Mapping[str, Any]) -> list[Path]:
+    """Put the chosen backend's files in place and drop every backend folder; return the
+    files moved in."""
+    backend = answers.get("backend", "torch_xla")
+    package = answers["package_name"]
+    folder = project_dir / BACKENDS_DIR
+    moved: list[Path] = []
+    for relative in OTHER_BACKEND_PRUNE.get(backend, ()):
+        path = project_dir / relative.format(package=package)
+        if path.is_file():
+            path.unlink()
+    chosen = folder / backend
+    if chosen.is_dir():
+        for source in sorted(p for p in chosen.rglob("*") if p.is_file()):
+            target = project_dir / source.relative_to(chosen)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+            moved.append(target)
+    if folder.exists():
+        shutil.rmtree(folder)
+    return moved
 
 
 def make_executable(project_dir: Path, globs: Iterable[str] = EXECUTABLE_GLOBS) -> list[Path]:
@@ -140,8 +219,18 @@ def next_steps(answers: Mapping[str, Any]) -> str:
             f"Baked {slug} ({answers['example_task']} example, {answers['accelerator_type']}).",
             "Next steps:",
             f"  cd {slug}",
-            "  make install        # virtual environment with torch and torch_xla",
-            "  make test           # the core, proven on XLA:CPU",
+            "  make install        # virtual environment with "
+            + (
+                "torch and torch_xla"
+                if answers.get("backend", "torch_xla") == "torch_xla"
+                else "torch (TorchTPU on a TPU VM)"
+            ),
+            "  make test           # the core, proven on "
+            + (
+                "XLA:CPU"
+                if answers.get("backend", "torch_xla") == "torch_xla"
+                else "CPU processes (gloo)"
+            ),
             "  make train-single   # train the example on one device",
             "  make help           # every other target (TPU VM, pod, Docker)",
         ]
@@ -151,6 +240,7 @@ def next_steps(answers: Mapping[str, Any]) -> str:
 def run(project_dir: Path, answers: Mapping[str, Any]) -> int:
     """Finish the project in project_dir and print what to do next."""
     prune(project_dir, answers)
+    apply_backend(project_dir, answers)
     make_executable(project_dir)
     record_answers(project_dir, answers)
     print(next_steps(answers), flush=True)

@@ -27,6 +27,11 @@ PYTHON_VERSIONS = ("3.11", "3.10", "3.12")
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
 STRATEGIES = ("auto", "single", "ddp", "spmd", "fsdp")
 EXAMPLE_TASKS = ("lm", "vision", "hf-causal-lm")
+BACKENDS = ("torch_xla", "torch_tpu")
+# What torch_tpu (TorchTPU 0.2) needs of the rest: Python 3.11 or newer, one process per
+# device (no strategy that drives every device of a host from one process).
+TORCH_TPU_PYTHONS = ("3.11", "3.12")
+TORCH_TPU_STRATEGIES = ("auto", "single", "ddp", "fsdp")
 
 # Import names the generated project, its tools or Python itself import (the
 # stdlib's `test` package is missing from sys.stdlib_module_names); a package
@@ -247,6 +252,36 @@ def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
         raise InvalidAnswer(f"{key} {value!r} is not supported; choose one of {', '.join(choices)}")
 
 
+def check_backend(
+    backend: str,
+    accelerator: str,
+    generations: Mapping[str, Any],
+    python_version: str,
+    strategy: str,
+) -> None:
+    """Refuse what the chosen backend cannot do: a generation, a Python, a strategy."""
+    check_choice("backend", backend, BACKENDS)
+    entry = generations.get(generation_of(accelerator), {})
+    able = entry.get("backends", ["torch_xla"])
+    if backend not in able:
+        raise InvalidAnswer(
+            f"backend {backend!r} does not run {entry.get('name', accelerator)} "
+            f"({accelerator}); use backend={able[0]}, or a generation it runs "
+            "(v4, v5litepod, v5p, v6e, tpu7x)"
+        )
+    if backend == "torch_tpu" and python_version not in TORCH_TPU_PYTHONS:
+        raise InvalidAnswer(
+            f"backend 'torch_tpu' needs Python 3.11 or newer (TorchTPU's own requirement), "
+            f"not {python_version}; pass python_version=3.11"
+        )
+    if backend == "torch_tpu" and strategy not in TORCH_TPU_STRATEGIES:
+        raise InvalidAnswer(
+            f"strategy {strategy!r} is torch_xla's (one process drives every device of a "
+            "host); torch_tpu runs one process per device: choose one of "
+            f"{', '.join(TORCH_TPU_STRATEGIES)}"
+        )
+
+
 def validate(answers: Mapping[str, Any], raw_answers: Mapping[str, Any] | None = None) -> None:
     """Check every answer in the order a user reads them; raise on the first problem."""
     for key in FREE_TEXT_KEYS:
@@ -274,6 +309,13 @@ def validate(answers: Mapping[str, Any], raw_answers: Mapping[str, Any] | None =
         lambda: check_choice("strategy", answers["strategy"], STRATEGIES),
         lambda: check_choice("example_task", answers["example_task"], EXAMPLE_TASKS),
         lambda: check_choice("python_version", answers["python_version"], PYTHON_VERSIONS),
+        lambda: check_backend(
+            answers.get("backend", "torch_xla"),
+            accelerator,
+            generations,
+            answers["python_version"],
+            answers["strategy"],
+        ),
     ]
     for check in checks:
         check()

@@ -61,6 +61,12 @@ COMBOS: dict[str, dict[str, str]] = {
         "accelerator_type": "v5p-16",
         "strategy": "spmd",
     },
+    "torch-tpu-lm": {"backend": "torch_tpu"},
+    "torch-tpu-hf-causal-lm-fsdp": {
+        "backend": "torch_tpu",
+        "example_task": "hf-causal-lm",
+        "strategy": "fsdp",
+    },
     "v5litepod-32-own-names": {
         "project_name": "My Big Model",
         "package_name": "bigmodel",
@@ -86,6 +92,7 @@ VALID_ANSWERS: dict[str, str] = {
     "strategy": "auto",
     "example_task": "lm",
     "python_version": "3.11",
+    "backend": "torch_xla",
 }
 # The answers as the hooks receive them: with the private table of TPU generations.
 HOOK_ANSWERS: dict[str, Any] = {**VALID_ANSWERS, "_tpu_generations": TPU_GENERATIONS}

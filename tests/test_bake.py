@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import COMBOS, Baked, tool_env
+from helpers import COMBOS, Baked, load_hook, tool_env
+
+POST_GEN = load_hook("post_gen_project")
 
 # Jinja that survived rendering: an expression or statement naming the
 # template's variables, or any statement tag.
@@ -94,12 +96,18 @@ def test_leaves_nothing_unrendered(baked: Baked) -> None:
 
 
 def test_pyproject_pins_torch_and_torch_xla_together(baked: Baked) -> None:
-    """It pins torch and torch_xla to the same release and names the console script."""
+    """It pins torch and torch_xla to the same release (torch_tpu: torch 2.13.0 alone, TorchTPU
+    in the `tpu` extra) and names the console script."""
     pyproject = tomllib.loads((baked.path / "pyproject.toml").read_text(encoding="utf-8"))
     project = pyproject["project"]
     dependencies = project["dependencies"]
-    assert "torch==2.9.0" in dependencies
-    assert "torch_xla==2.9.0" in dependencies
+    if baked.context["backend"] == "torch_tpu":
+        assert "torch==2.13.0" in dependencies
+        assert not [d for d in dependencies if d.startswith("torch_xla")]
+        assert project["optional-dependencies"]["tpu"] == ["torch-tpu==0.2.0"]
+    else:
+        assert "torch==2.9.0" in dependencies
+        assert "torch_xla==2.9.0" in dependencies
     assert project["name"] == baked.context["project_slug"]
     assert project["requires-python"] == f">={baked.context['python_version']}"
     assert (
@@ -123,13 +131,31 @@ def test_ruff_format_leaves_files_unchanged(baked: Baked) -> None:
 def test_keeps_only_the_chosen_example_task(baked: Baked) -> None:
     """It keeps the chosen example task's files and prunes the other task's."""
     chosen = baked.context["example_task"]
+    other_backend = set(POST_GEN.OTHER_BACKEND_PRUNE.get(baked.context["backend"], ()))
     for task, files in TASK_FILES.items():
         for relative in files:
             path = task_path(baked, relative)
-            if task == chosen:
+            if relative in other_backend:
+                assert not path.exists(), f"not pruned for {baked.context['backend']}: {relative}"
+            elif task == chosen:
                 assert path.is_file(), f"missing {relative}"
             else:
                 assert not path.exists(), f"not pruned: {relative}"
+
+
+def test_emits_one_backend(baked: Baked) -> None:
+    """It leaves no backend folder behind, and the chosen backend's core in core/."""
+    assert not (baked.path / POST_GEN.BACKENDS_DIR).exists()
+    core = baked.package_dir / "core"
+    runtime = (core / "runtime.py").read_text(encoding="utf-8")
+    if baked.context["backend"] == "torch_tpu":
+        assert "torch.distributed" in runtime and "import torch_xla" not in runtime
+        assert not (core / "strategies" / "spmd.py").exists()
+        assert (baked.path / "tests" / "test_distributed.py").is_file()
+    else:
+        assert "torch_xla.runtime" in runtime
+        assert (core / "strategies" / "spmd.py").is_file()
+        assert not (baked.path / "tests" / "test_distributed.py").exists()
 
 
 def test_records_answers_without_absolute_paths(baked: Baked) -> None:

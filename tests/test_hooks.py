@@ -309,3 +309,67 @@ def test_next_steps_name_the_commands_to_run(post_gen: ModuleType) -> None:
     text = post_gen.next_steps(VALID_ANSWERS)
     for command in ("cd tpu-project", "make install", "make test", "make train-single"):
         assert command in text
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"accelerator_type": "v3-8"}, "backend 'torch_tpu' does not run TPU v3 (v3-8)"),
+        ({"python_version": "3.10"}, "backend 'torch_tpu' needs Python 3.11 or newer"),
+        ({"strategy": "spmd"}, "strategy 'spmd' is torch_xla's"),
+        ({"backend": "jax"}, "backend 'jax' is not supported"),
+    ],
+    ids=["v3", "python-3.10", "spmd", "unknown"],
+)
+def test_pre_gen_refuses_what_torch_tpu_cannot_run(
+    pre_gen: ModuleType, changes: dict[str, str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It refuses, in one ERROR line, a generation, Python or strategy torch_tpu lacks."""
+    answers = {**HOOK_ANSWERS, "backend": "torch_tpu", **changes}
+    if "accelerator_type" in changes:
+        answers["runtime_version"] = "tpu-ubuntu2204-base"
+    assert pre_gen.run(answers) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"ERROR: {expected}") and "\n" not in line, line
+
+
+def test_pre_gen_accepts_both_backends_on_tpu7x(pre_gen: ModuleType) -> None:
+    """It accepts TPU7x (Ironwood) with either backend, and v3 with torch_xla."""
+    tpu7x = {"accelerator_type": "tpu7x-8", "runtime_version": "v2-alpha-tpu7-ubuntu2404"}
+    for backend in ("torch_xla", "torch_tpu"):
+        assert pre_gen.run({**HOOK_ANSWERS, **tpu7x, "backend": backend}) == 0
+    v3 = {"accelerator_type": "v3-8", "runtime_version": "tpu-ubuntu2204-base"}
+    assert pre_gen.run({**HOOK_ANSWERS, **v3, "backend": "torch_xla"}) == 0
+
+
+def test_post_gen_moves_the_chosen_backend_over_the_default(
+    post_gen: ModuleType, tmp_path: Path
+) -> None:
+    """It replaces the default's modules with the backend's, drops the default-only ones,
+    adds the backend's own, and removes every backend folder."""
+    package = HOOK_ANSWERS["package_name"]
+    core = tmp_path / "src" / package / "core"
+    (core / "strategies").mkdir(parents=True)
+    (core / "runtime.py").write_text("xla\n")
+    (core / "strategies" / "spmd.py").write_text("xla\n")
+    theirs = tmp_path / "_backends" / "torch_tpu" / "src" / package / "core"
+    theirs.mkdir(parents=True)
+    (theirs / "runtime.py").write_text("tpu\n")
+    (tmp_path / "_backends" / "torch_tpu" / "tests").mkdir()
+    (tmp_path / "_backends" / "torch_tpu" / "tests" / "test_new.py").write_text("new\n")
+    moved = post_gen.apply_backend(tmp_path, {**HOOK_ANSWERS, "backend": "torch_tpu"})
+    assert (core / "runtime.py").read_text() == "tpu\n"
+    assert not (core / "strategies" / "spmd.py").exists()
+    assert (tmp_path / "tests" / "test_new.py").read_text() == "new\n"
+    assert not (tmp_path / "_backends").exists()
+    assert sorted(p.name for p in moved) == ["runtime.py", "test_new.py"]
+
+
+def test_post_gen_keeps_the_default_backend_untouched(post_gen: ModuleType, tmp_path: Path) -> None:
+    """It leaves the default's files as they are and only drops the backend folders."""
+    (tmp_path / "core.py").write_text("xla\n")
+    (tmp_path / "_backends" / "torch_tpu").mkdir(parents=True)
+    (tmp_path / "_backends" / "torch_tpu" / "core.py").write_text("tpu\n")
+    assert post_gen.apply_backend(tmp_path, HOOK_ANSWERS) == []
+    assert (tmp_path / "core.py").read_text() == "xla\n"
+    assert not (tmp_path / "_backends").exists()

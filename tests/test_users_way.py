@@ -118,3 +118,27 @@ def test_bake_installs_and_passes_its_suite_from_a_plain_shell(
     output = run(["make", "test", f"PYTEST_ARGS={args}"], project, env, timeout=2400)
     counts = pytest_summary(output)
     assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
+
+
+@pytest.mark.suite
+def test_torch_tpu_bake_installs_and_passes_its_suite_from_a_plain_shell(
+    bake_combo: Callable[[str], Baked], tmp_path: Path
+) -> None:
+    """It passes the torch_tpu bake's `make install && make test` (torch 2.13, no torch-tpu:
+    its tests run every layout as CPU processes over gloo), its own venv, not activated."""
+    env = with_python("3.11", users_shell())
+    if env is None:
+        pytest.skip("python3.11 is not on this machine")
+    baked = bake_combo("torch-tpu-lm")
+    assert baked.exit_code == 0, baked.exception
+    project = tmp_path / baked.path.name
+    shutil.copytree(baked.path, project)
+    run(["make", "install"], project, env, timeout=1800)
+    venv = project / ".venv"
+    listed = run([str(venv / "bin" / "python"), "-m", "pip", "list"], project, env, timeout=120)
+    assert re.search(r"^torch\s+2\.13\.0", listed, re.M), listed
+    assert not re.search(r"^torch[-_](xla|tpu)\s", listed, re.M | re.I), listed
+    output = run(["make", "test", "PYTEST_ARGS=-q -p no:cacheprovider"], project, env, 2400)
+    counts = pytest_summary(output)
+    assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
+    assert not counts.get("deselected") and not counts.get("error"), output[-3000:]

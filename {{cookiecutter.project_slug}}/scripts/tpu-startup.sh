@@ -20,8 +20,13 @@ DRY_RUN="${DRY_RUN:-0}"
 PYTHON="${PYTHON:-python3}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
 METADATA_URL="${METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}"
+{%- if cookiecutter.backend == "torch_tpu" %}
+TORCH_VERSION=2.13.0
+TORCH_TPU_VERSION=0.2.0
+{%- else %}
 TORCH_VERSION=2.9.0
 TORCH_XLA_VERSION=2.9.0
+{%- endif %}
 ATTRIBUTE="{{ cookiecutter.project_slug }}/startup"
 STEPS=4
 current="starting"
@@ -92,18 +97,30 @@ main() {
             run "$PYTHON" -m venv "$VENV"
             run "$VENV/bin/python" -m pip install --quiet --upgrade pip
         fi
+{%- if cookiecutter.backend == "torch_tpu" %}
+        step 3 "torch==$TORCH_VERSION from $TORCH_INDEX_URL, then torch-tpu==$TORCH_TPU_VERSION"
+{%- else %}
         step 3 "torch==$TORCH_VERSION from $TORCH_INDEX_URL, then torch_xla[tpu]==$TORCH_XLA_VERSION"
+{%- endif %}
         if [[ "$(installed torch)" == "$TORCH_VERSION" ]]; then
             log "torch $TORCH_VERSION is installed"
         else
             run "$VENV/bin/python" -m pip install --quiet --index-url "$TORCH_INDEX_URL" \
                 "torch==$TORCH_VERSION"
         fi
+{%- if cookiecutter.backend == "torch_tpu" %}
+        if [[ "$(installed torch_tpu)" == "$TORCH_TPU_VERSION" ]]; then
+            log "torch-tpu $TORCH_TPU_VERSION is installed"
+        else
+            run "$VENV/bin/python" -m pip install --quiet "torch-tpu==$TORCH_TPU_VERSION"
+        fi
+{%- else %}
         if [[ "$(installed torch_xla)" == "$TORCH_XLA_VERSION" ]]; then
             log "torch_xla $TORCH_XLA_VERSION is installed"
         else
             run "$VENV/bin/python" -m pip install --quiet "torch_xla[tpu]==$TORCH_XLA_VERSION"
         fi
+{%- endif %}
     fi
     run touch "$MARKER"
     step 4 "ready"

@@ -104,6 +104,23 @@ def wait() -> None:
     xm.wait_device_ops()
 
 
+def clip_grad_norm_(parameters: Any, max_norm: float) -> torch.Tensor:
+    """Scale the gradients so that their global norm is at most `max_norm`."""
+    return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+
+# Optimizers whose update takes a device tensor as its learning rate without reading it.
+def host_learning_rate(optimizer: torch.optim.Optimizer) -> str | None:
+    """Why `optimizer` needs its learning rate as a host number (None: it does not)."""
+    if getattr(optimizer, "takes_device_lr", False):
+        return None
+    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        if all(group.get("capturable") for group in optimizer.param_groups):
+            return None
+        return f"{type(optimizer).__name__} without capturable=True computes its step on the host"
+    return f"{type(optimizer).__name__} takes its learning rate as a host number"
+
+
 # Optimizer state entries that count steps: put back to where a fresh optimizer starts.
 _COUNTERS = {"step": 0.0, "mu_product": 1.0}
 

@@ -2,9 +2,9 @@
 
 Per generation: chips per host, devices per chip, the slice sizes Cloud TPU offers,
 runtime versions and zones (the first of each is the default), the peak bf16
-FLOPs and the HBM of one chip, and whether Cloud TPU joins several of its slices into
-one job over the data-center network (multislice). `docs/tpu-generations.md` shows the
-same table with its sources.
+FLOPs and the HBM of one chip, whether Cloud TPU joins several of its slices into
+one job over the data-center network (multislice), and the training backends that run
+it. `docs/tpu-generations.md` shows the same table with its sources.
 An accelerator type is GENERATION-SIZE; the size counts TensorCores, which is the
 chip count on generations with one TensorCore per chip (v5e, v6e).
 """
@@ -19,6 +19,8 @@ from importlib import resources
 from typing import Any
 
 TABLE = "tpu_generations.json"
+# The training backend this project was made for: a generation it cannot run is refused.
+BACKEND = "{{ cookiecutter.backend }}"
 _SIZE = re.compile(r"[1-9][0-9]*")
 
 
@@ -43,6 +45,7 @@ class Generation:
     hbm_gib_per_chip: float
     multislice: bool
     source: str
+    backends: tuple[str, ...] = ("torch_xla",)
 
     @classmethod
     def from_entry(cls, key: str, entry: dict[str, Any]) -> Generation:
@@ -60,6 +63,7 @@ class Generation:
             hbm_gib_per_chip=float(entry["hbm_gib_per_chip"]),
             multislice=bool(entry["multislice"]),
             source=entry["source"],
+            backends=tuple(entry.get("backends", ("torch_xla",))),
         )
 
     @property
@@ -123,6 +127,12 @@ def parse(accelerator_type: str) -> tuple[Generation, int]:
             f"generation among {', '.join(known)} (v5e is v5litepod), e.g. v4-8 or v5p-16"
         )
     generation = known[key]
+    if BACKEND not in generation.backends:
+        raise UnknownAcceleratorType(
+            f"{generation.name} ({accelerator_type}) does not run on {BACKEND}, the backend "
+            f"this project is built on (it runs on {', '.join(generation.backends)}): choose "
+            "another generation, or bake the project with that backend"
+        )
     if not _SIZE.fullmatch(size) or int(size) not in generation.slice_sizes:
         raise UnknownAcceleratorType(
             f"accelerator type {accelerator_type!r} is not a {key} slice: "

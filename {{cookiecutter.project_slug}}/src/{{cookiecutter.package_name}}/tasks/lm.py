@@ -45,9 +45,15 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, dim = x.shape
+{%- if cookiecutter.backend == "torch_tpu" %}
+        # Head-major ([heads, q/k/v, head_dim]): split over `tensor`, each device keeps
+        # whole heads with their own q, k and v: -1 heads, as many as this device holds.
+        q, k, v = self.qkv(x).view(batch, length, -1, 3, dim // self.heads).unbind(3)
+{%- else %}
         # Head-major ([heads, q/k/v, head_dim]): split over `tensor`, each device keeps
         # whole heads with their own q, k and v.
         q, k, v = self.qkv(x).view(batch, length, self.heads, 3, dim // self.heads).unbind(3)
+{%- endif %}
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
@@ -55,7 +61,11 @@ class CausalSelfAttention(nn.Module):
             is_causal=True,
             dropout_p=self.dropout if self.training else 0.0,
         )
+{%- if cookiecutter.backend == "torch_tpu" %}
+        return self.out(y.transpose(1, 2).reshape(batch, length, -1))
+{%- else %}
         return self.out(y.transpose(1, 2).reshape(batch, length, dim))
+{%- endif %}
 
 
 class Block(nn.Module):

@@ -45,7 +45,7 @@ class TrainStep:
         self.metrics: dict[str, torch.Tensor] = {}
         reason = None if config.replay_step else "replay_step = false"
         self.replayed = ReplayedStep(
-            self._step, self._state, host_read, reason or host_learning_rate(optimizer)
+            self._step, self._state, host_read, reason or ops.host_learning_rate(optimizer)
         )
 
     @property
@@ -76,7 +76,7 @@ class TrainStep:
             losses.append(loss.detach().float())
         self.strategy.reduce_gradients(self.optimizer)
         if self.config.grad_clip:  # after the cross-replica reduction
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            ops.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         with device_rates(self.optimizer, rates):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -102,18 +102,6 @@ class TrainStep:
                     if torch.is_tensor(state[key]):
                         found.setdefault(id(state[key]), state[key])
         return [tensor for tensor in found.values() if tensor.device.type == "xla"]
-
-
-# Optimizers whose update takes a device tensor as its learning rate without reading it.
-def host_learning_rate(optimizer: torch.optim.Optimizer) -> str | None:
-    """Why `optimizer` needs its learning rate as a host number (None: it does not)."""
-    if getattr(optimizer, "takes_device_lr", False):
-        return None
-    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
-        if all(group.get("capturable") for group in optimizer.param_groups):
-            return None
-        return f"{type(optimizer).__name__} without capturable=True computes its step on the host"
-    return f"{type(optimizer).__name__} takes its learning rate as a host number"
 
 
 @contextlib.contextmanager

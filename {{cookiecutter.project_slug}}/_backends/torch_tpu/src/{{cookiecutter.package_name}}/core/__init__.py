@@ -1,0 +1,85 @@
+"""Everything backend-specific lives in this package, and only here: this project's backend
+is TorchTPU (`torch_tpu`, native PyTorch on `torch.device("tpu")`).
+
+Its modules answer the same interface as the torch_xla backend's (one module per concern:
+runtime, strategies, the compiled step, checkpoint I/O, health, precision, data feeding),
+so the rest of the package is the same for both. Importing it imports neither torch nor
+torch_tpu and starts no device: names are loaded from their submodule on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "DeviceFeeder": "data",
+    "check_batch": "data",
+    "eval_dataloader": "data",
+    "prepare_dataloader": "data",
+    "set_epoch": "data",
+    "XlaGuard": "health",
+    "XlaHealthError": "health",
+    "snapshot": "health",
+    "Plan": "launcher",
+    "launch": "launcher",
+    "make_plan": "launcher",
+    "Precision": "precision",
+    "ReplayedStep": "replay",
+    "RuntimeConfigError": "runtime",
+    "Strategy": "strategies",
+    "configure": "runtime",
+    "detect_accelerator": "runtime",
+    "TieReport": "tying",
+    "find_shared_parameters": "tying",
+    "move_and_retie": "tying",
+    "move_to_device": "tying",
+}
+
+__all__ = [
+    "DeviceFeeder",
+    "Plan",
+    "Precision",
+    "ReplayedStep",
+    "RuntimeConfigError",
+    "Strategy",
+    "TieReport",
+    "XlaGuard",
+    "XlaHealthError",
+    "check_batch",
+    "configure",
+    "detect_accelerator",
+    "eval_dataloader",
+    "find_shared_parameters",
+    "launch",
+    "make_plan",
+    "move_and_retie",
+    "move_to_device",
+    "prepare_dataloader",
+    "set_epoch",
+    "snapshot",
+]
+
+if TYPE_CHECKING:
+    from .data import (
+        DeviceFeeder,
+        check_batch,
+        eval_dataloader,
+        prepare_dataloader,
+        set_epoch,
+    )
+    from .health import XlaGuard, XlaHealthError, snapshot
+    from .launcher import Plan, launch, make_plan
+    from .precision import Precision
+    from .replay import ReplayedStep
+    from .runtime import RuntimeConfigError, configure, detect_accelerator
+    from .strategies import Strategy
+    from .tying import TieReport, find_shared_parameters, move_and_retie, move_to_device
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

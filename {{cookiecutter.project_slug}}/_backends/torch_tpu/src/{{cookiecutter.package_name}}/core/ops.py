@@ -1,0 +1,176 @@
+"""The device operations the trainer needs, behind plain functions (TorchTPU: eager PyTorch).
+
+A TorchTPU process runs PyTorch eagerly, with the step compiled by `torch.compile`
+(`core/replay.py`): there is no lazy graph to cut, so `sync` does nothing and a step
+closure runs at once, after the step that queued it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import health
+
+
+def sync() -> None:
+    """Nothing to cut: every operation is already queued on the device."""
+
+
+def add_step_closure(fn: Callable[..., None], args: tuple[Any, ...] = ()) -> None:
+    """Run `fn(*args)` now: the step that made its tensors has been issued."""
+    fn(*args)
+
+
+def to_host(tensors: list[torch.Tensor]) -> list[float]:
+    """The values of the step's scalars (its loss and metrics) as the global batch's: each
+    process's averaged over the processes that read other data (one all-reduce: every
+    process reads at the same steps, the logging cadence), read in one transfer."""
+    from .runtime import mean_over_data
+
+    health.count_transfer()
+    values = torch.stack([t.detach().float().reshape(()) for t in mean_over_data(tensors)])
+    return [float(value) for value in values.cpu()]
+
+
+def to_device(values: list[float]) -> torch.Tensor:
+    """Host numbers as one float32 tensor on this process's device (an upload, not a read)."""
+    from .runtime import device
+
+    return torch.tensor(values, dtype=torch.float32).to(device())
+
+
+def _device_module() -> Any:
+    """torch.tpu on a TPU (its generator), None on the CPU stand-in (torch's own is saved)."""
+    from .runtime import device
+
+    kind = device().type
+    return torch.get_device_module(kind) if kind != "cpu" else None
+
+
+def rng_state() -> int:
+    """The device generator's seed (part of an exact-resume checkpoint); 0 on the CPU, whose
+    generator the checkpoint keeps whole."""
+    module = _device_module()
+    return int(module.initial_seed()) if module is not None else 0
+
+
+def set_rng_state(seed: int) -> None:
+    module = _device_module()
+    if module is not None:
+        module.manual_seed(seed)
+
+
+def seed_host(seed: int) -> None:
+    """Seed Python, NumPy and torch's CPU generator."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def to_cpu(tree: Any) -> Any:
+    """Copy a nest of device tensors to CPU."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu")
+    if isinstance(tree, dict):
+        return {key: to_cpu(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_cpu(value) for value in tree)
+    return tree
+
+
+def initialize_compile_cache(path: str | None, readonly: bool = False) -> None:
+    """TorchTPU keeps its compiled programs itself; this project sets no cache of its own."""
+
+
+def compile_cache_use(path: str | None) -> dict[str, object] | None:
+    """No persistent cache is managed here (see `initialize_compile_cache`)."""
+    return None
+
+
+def wait() -> None:
+    """Block until every queued device computation has finished (for timing)."""
+    module = _device_module()
+    if module is not None and hasattr(module, "synchronize"):
+        module.synchronize()
+
+
+def clip_grad_norm_(parameters: Any, max_norm: float) -> torch.Tensor:
+    """Scale the gradients so that their global norm is at most `max_norm`.
+
+    torch's own clip stacks every gradient's norm, which DTensors on different meshes
+    refuse (with a `tensor` axis, the tensor-parallel layers' gradients live on the 2-D
+    mesh and the others on the `fsdp` one): each mesh's norm is taken apart, made whole,
+    and the global norm computed from them; the scale is one scalar for every gradient.
+    """
+    params = [p for p in parameters if p.grad is not None]
+    meshes: dict[Any, list[torch.Tensor]] = {}
+    for param in params:
+        grad = param.grad
+        assert grad is not None
+        meshes.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
+    if len(meshes) <= 1:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norms = []
+    for grads in meshes.values():
+        norm = torch.nn.utils.get_total_norm(grads)
+        full = getattr(norm, "full_tensor", None)
+        norms.append(full() if callable(full) else norm)
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for param in params:
+        assert param.grad is not None
+        param.grad.mul_(scale)
+    return total
+
+
+def host_learning_rate(optimizer: torch.optim.Optimizer) -> str | None:
+    """Why `optimizer` needs its learning rate as a host number (None: it does not).
+
+    The compiled step takes the learning rates as tensors; torch's optimizers compute with
+    a tensor learning rate under torch.compile, so none needs a host number.
+    """
+    return None
+
+
+# Optimizer state entries that count steps: put back to where a fresh optimizer starts.
+_COUNTERS = {"step": 0.0, "mu_product": 1.0}
+
+
+def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state now: one step on zero gradients that changes nothing.
+
+    Created lazily by the first real step, the state would change the compiled step's
+    inputs between its first and second call: a second compilation. This dry step (lr and
+    weight decay 0, gradients 0) makes every buffer with the values its first real step
+    would start from; step counters are reset after it.
+    """
+    if any(optimizer.state.values()):
+        return  # restored from a checkpoint, or already primed
+    saved = [(group, group["lr"], group.get("weight_decay")) for group in optimizer.param_groups]
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    for group, _, decay in saved:
+        if not group.get("capturable"):
+            group["lr"] = 0.0
+        if decay is not None:
+            group["weight_decay"] = 0.0
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    for param in params:
+        param.grad = None
+    for group, lr, decay in saved:
+        group["lr"] = lr
+        if decay is not None:
+            group["weight_decay"] = decay
+    for state in optimizer.state.values():
+        for key, start in _COUNTERS.items():
+            if key in state:
+                value = state[key]
+                state[key] = value.fill_(start) if torch.is_tensor(value) else type(value)(start)

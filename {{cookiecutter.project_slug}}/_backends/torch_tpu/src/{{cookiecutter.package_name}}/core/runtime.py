@@ -1,0 +1,340 @@
+"""Accelerator detection and the process topology of a TorchTPU job (one process per device).
+
+TorchTPU (`torch_tpu`) is native PyTorch: the device is `torch.device("tpu")`, processes
+meet in a `torch.distributed` process group (`"tpu"` on a TPU, `"gloo"` on the CPU
+stand-in) that `torchrun` sets up, one process per device on every host. Off a TPU the same
+code runs on `"cpu"` with `gloo`: several real processes, a real rendezvous. Nothing here
+starts a device or a process group at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from . import tpu_generations
+
+# How many slices the job spans and which one this worker is on (1 and 0 on one slice), as
+# the pod launcher set them: `core.multislice` says what they read.
+from .multislice import slice_count as slice_count
+from .multislice import slice_index as slice_index
+
+ACCELERATORS = ("auto", "tpu", "cpu")
+# The accelerator a run resolved to, for the processes torchrun starts from it.
+ACCELERATOR_VARIABLE = "TORCH_TPU_PROJECT_ACCELERATOR"
+
+
+def mesh_slice_count() -> int:
+    """The slices the device mesh spans: one (this backend lays no mesh over slices)."""
+    return 1
+
+
+class RuntimeConfigError(ValueError):
+    """Raised for a device/strategy request that cannot run here; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Hosts and devices per host of a TPU accelerator type such as `v4-32`."""
+
+    hosts: int
+    devices_per_host: int
+
+    @property
+    def devices(self) -> int:
+        return self.hosts * self.devices_per_host
+
+
+def _slice(accelerator_type: str) -> tuple[tpu_generations.Generation, int]:
+    try:
+        return tpu_generations.parse(accelerator_type)
+    except tpu_generations.UnknownAcceleratorType as error:
+        raise RuntimeConfigError(str(error)) from None
+
+
+def topology(accelerator_type: str) -> Topology:
+    """Return the host/device layout of an accelerator type (`v4-8`, `v5p-16`, ...)."""
+    generation, size = _slice(accelerator_type)
+    return Topology(generation.hosts(size), generation.devices_per_host(size))
+
+
+def devices_per_host(accelerator_type: str) -> int:
+    """Devices on each host of the slice: the processes torchrun starts there."""
+    return topology(accelerator_type).devices_per_host
+
+
+def peak_bf16_flops_per_chip(accelerator_type: str) -> float:
+    """Peak bf16 FLOP/s of one chip of the slice's generation (for MFU)."""
+    return _slice(accelerator_type)[0].peak_bf16_flops_per_chip
+
+
+def devices_per_chip(accelerator_type: str) -> int:
+    return _slice(accelerator_type)[0].devices_per_chip
+
+
+# What this project was made for; TPU_ACCELERATOR_TYPE (set on TPU VMs) wins.
+BAKED_ACCELERATOR_TYPE = "{{ cookiecutter.accelerator_type }}"
+
+
+def accelerator_type() -> str:
+    """This TPU's accelerator type: TPU_ACCELERATOR_TYPE, else the baked one."""
+    return os.environ.get("TPU_ACCELERATOR_TYPE") or BAKED_ACCELERATOR_TYPE
+
+
+SHARED_CACHE_DIRS = (
+    "/var/cache/{{ cookiecutter.project_slug }}/xla",
+    "~/.cache/{{ cookiecutter.project_slug }}/xla",
+)
+
+
+def compile_cache_dir(
+    setting: str, accelerator: str, candidates: tuple[str, ...] = SHARED_CACHE_DIRS
+) -> str | None:
+    """The persistent compilation cache of a run: a path, or None (`auto` is on for TPU)."""
+    if setting in ("", "off"):
+        return None
+    if setting != "auto":
+        return setting
+    if accelerator != "tpu":
+        return None
+    for candidate in candidates:
+        folder = os.path.expanduser(candidate)
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK):
+            return folder
+    return None
+
+
+def tpu_present() -> bool:
+    """True when this host has TPU device files and TorchTPU is installed (nothing started)."""
+    has_devices = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+    return has_devices and importlib.util.find_spec("torch_tpu") is not None
+
+
+def detect_accelerator(requested: str = "auto") -> str:
+    """Resolve `auto`/`tpu`/`cpu` to the accelerator this process will use."""
+    if requested not in ACCELERATORS:
+        raise RuntimeConfigError(
+            f"unknown accelerator {requested!r}: choose one of {', '.join(ACCELERATORS)}"
+        )
+    if requested == "auto":
+        return os.environ.get(ACCELERATOR_VARIABLE) or ("tpu" if tpu_present() else "cpu")
+    if requested == "tpu" and not tpu_present():
+        raise RuntimeConfigError(
+            "accelerator 'tpu' requested but no TPU was found on this host (no /dev/accel* "
+            "or /dev/vfio device, or torch_tpu not installed): run on a TPU VM with the "
+            "`tpu` extra, or use --accelerator cpu"
+        )
+    return requested
+
+
+_notified = False
+
+
+def configure(accelerator: str = "auto", cpu_devices: int = 1, tpu_core: int | None = None) -> str:
+    """Record the accelerator for this process and those it starts; return it resolved."""
+    global _notified
+    resolved = detect_accelerator(accelerator)
+    os.environ[ACCELERATOR_VARIABLE] = resolved
+    if resolved == "cpu" and accelerator == "auto" and not _notified:
+        print("note: no TPU found on this host; running on the CPU", file=sys.stderr)
+        _notified = True
+    if resolved == "tpu" and tpu_core is not None:
+        os.environ["TPU_VISIBLE_CHIPS"] = str(tpu_core)
+    return resolved
+
+
+def accelerator() -> str:
+    """The accelerator `configure` chose ("tpu" or "cpu")."""
+    return os.environ.get(ACCELERATOR_VARIABLE) or detect_accelerator("auto")
+
+
+def runtime_initialized() -> bool:
+    """True once this process has joined its process group."""
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_initialized())
+
+
+def device() -> Any:
+    """This process's device: its TPU chip (`tpu:0` in every process), or the CPU."""
+    import torch
+
+    return torch.device("tpu" if accelerator() == "tpu" else "cpu")
+
+
+def launched() -> bool:
+    """True in a process that torchrun started (its rank and world are in the environment)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """The hosts of a job and this one's place: what torchrun's rendezvous needs."""
+
+    count: int
+    rank: int
+    coordinator: str
+    port: int
+
+
+DEFAULT_PORT = 29500  # torchrun's
+
+
+def hosts() -> Hosts:
+    """This job's hosts: torchrun's NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT (what
+    TorchTPU's launcher helper sets on a TPU VM), else the slice's TPU_WORKER_HOSTNAMES and
+    this worker's TPU_WORKER_ID (what the helper reads them from); one host without them."""
+    port = _env_int("MASTER_PORT", DEFAULT_PORT)
+    if "NNODES" in os.environ and "MASTER_ADDR" in os.environ:
+        return Hosts(
+            _env_int("NNODES", 1), _env_int("NODE_RANK", 0), os.environ["MASTER_ADDR"], port
+        )
+    names = [n.strip() for n in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if n.strip()]
+    if len(names) > 1:
+        rank = _env_int("TPU_WORKER_ID", 0)
+        if rank >= len(names):
+            raise RuntimeConfigError(
+                f"TPU_WORKER_ID={rank} is not below the {len(names)} TPU_WORKER_HOSTNAMES: "
+                "the launcher set them apart"
+            )
+        return Hosts(len(names), rank, names[0], port)
+    return Hosts(1, 0, "localhost", port)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else default
+
+
+def init_process_group() -> None:
+    """Join the job's process group: torchrun's rendezvous, or a world of one process."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "tpu" if accelerator() == "tpu" else "gloo"
+    with _stdout_silenced():  # gloo prints a line per connection to stdout
+        if launched() and _env_int("WORLD_SIZE", 1) > 1:
+            dist.init_process_group(backend)
+        else:
+            # No rendezvous port: two runs on one machine must not meet (or collide).
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def world_size() -> int:
+    """Processes taking part in collectives (one per device)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return int(dist.get_world_size())
+    return _env_int("WORLD_SIZE", 1)
+
+
+def global_ordinal() -> int:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return int(dist.get_rank())
+    return _env_int("RANK", 0)
+
+
+def local_ordinal() -> int:
+    return _env_int("LOCAL_RANK", 0)
+
+
+def process_index() -> int:
+    """This process's index in the job (each process holds its own generators and data)."""
+    return global_ordinal()
+
+
+def process_count() -> int:
+    return world_size()
+
+
+def addressable_device_count() -> int:
+    """Devices this process addresses: one."""
+    return 1
+
+
+def global_device_count() -> int:
+    return world_size()
+
+
+_host_group: Any = None
+
+
+def host_group() -> Any:
+    """A gloo group over the job's processes, for host-side values (one per job)."""
+    global _host_group
+    import torch.distributed as dist
+
+    init_process_group()
+    if _host_group is None:
+        gloo = dist.get_backend() == "gloo"
+        _host_group = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
+    return _host_group
+
+
+@contextlib.contextmanager
+def _stdout_silenced() -> Iterator[None]:
+    """Send what native code writes to file descriptor 1 to /dev/null for a moment."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with open(os.devnull, "w") as sink:
+        os.dup2(sink.fileno(), 1)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def host_all_reduce_max(value: int) -> int:
+    """The largest of every process's `value` (a host-to-host exchange, no device work)."""
+    import torch
+    import torch.distributed as dist
+
+    group = host_group()
+    tensor = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return int(tensor.item())
+
+
+def host_barrier() -> None:
+    """Wait for every process of the job (host side)."""
+    import torch.distributed as dist
+
+    dist.barrier(group=host_group())
+
+
+# The processes that read different data (a tensor-parallel group reads one batch), as the
+# strategy set them: the step's loss is averaged over them, the global batch's loss.
+_data_group: tuple[Any, int] = (None, 1)
+
+
+def set_data_group(group: Any, size: int) -> None:
+    global _data_group
+    _data_group = (group, size)
+
+
+def mean_over_data(tensors: list[Any]) -> list[Any]:
+    """Each scalar averaged over the data-parallel processes (one all-reduce, no host read)."""
+    group, size = _data_group
+    if size == 1 or not tensors:
+        return tensors
+    import torch
+    import torch.distributed as dist
+
+    stacked = torch.stack([t.detach().float().reshape(()) for t in tensors])
+    dist.all_reduce(stacked, group=group)
+    return list((stacked / size).unbind())

@@ -1,0 +1,238 @@
+"""fsdp: parameters, gradients and optimizer state sharded by FSDP2, with a `tensor` axis
+through DTensor's tensor parallelism, on a device mesh.
+
+`mesh = "fsdp=4"`: `fully_shard` on every repeated block and on the model (each process
+holds a quarter of every parameter, gathered for use); `data=2,fsdp=2`: HSDP, replicas of
+a model sharded two ways; `fsdp=2,tensor=2`: a 2-D mesh, the layers the sharding rules
+split over `tensor` run tensor-parallel (`parallelize_module`: a rule splitting a Linear's
+output rows over `tensor` makes it column-wise, its input columns row-wise; an Embedding
+the other way round), then FSDP2 shards everything over `fsdp`. FSDP2 shards each
+parameter's first dimension: the rules' `fsdp` entries are the torch_xla backend's layout
+and do not apply here; their `tensor` entries do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import runtime, tying
+from ..runtime import RuntimeConfigError
+from ..sharding import (
+    BATCH_AXES,
+    MeshShape,
+    Rule,
+    Spec,
+    layout,
+    mesh_devices,
+    mesh_text,
+    parse_mesh,
+)
+from .base import ProcessPerDevice, blocks_of, check_after, checkpoint_blocks
+
+AXES = ("data", "fsdp", "tensor")
+
+
+class FullyShardedDataParallel(ProcessPerDevice):
+    """FSDP2 (and HSDP, and tensor parallelism) over a device mesh of the job's processes."""
+
+    name = "fsdp"
+    lays_out_parameters = True
+
+    def __init__(
+        self, accelerator: str, devices: int | None, core: int | None = None, mesh: str = ""
+    ) -> None:
+        super().__init__(accelerator, devices, core)
+        self.mesh_request = parse_mesh(mesh)
+        self._mesh: Any = None
+        self._groups: dict[int, Any] = {}  # tensor coordinate -> its data-parallel group
+
+    @classmethod
+    def create(
+        cls, accelerator: str, devices: int | None, core: int | None = None, mesh: str = ""
+    ) -> ProcessPerDevice:
+        if core is not None:
+            raise RuntimeConfigError("one core id runs one device: use --strategy single")
+        strategy = cls(accelerator, devices, None, mesh)
+        axes = dict(strategy.mesh_request)
+        other = sorted(set(axes) - set(AXES))
+        if other:
+            raise RuntimeConfigError(
+                f"mesh axis {other[0]!r} is not offered by the torch_tpu backend: use "
+                f"{', '.join(AXES)}"
+            )
+        if axes and "fsdp" not in axes:
+            raise RuntimeConfigError(
+                f"strategy 'fsdp' needs a 'fsdp' axis in its mesh, got "
+                f"{mesh_text(strategy.mesh_request)!r}"
+            )
+        if accelerator == "cpu" and devices is not None and not runtime.launched():
+            strategy.check_mesh_size(devices)  # one host: known before anything starts
+        return strategy
+
+    def identity(self) -> tuple[Any, ...]:
+        return (*super().identity(), self.mesh_request)
+
+    def start(self) -> None:
+        super().start()
+        self.check_mesh_size(runtime.world_size())
+
+    def check_mesh_size(self, devices: int) -> None:
+        """Refuse a mesh whose size is not the job's device count."""
+        size = mesh_devices(self.mesh_request)
+        if self.mesh_request and size != devices:
+            raise RuntimeConfigError(
+                f"mesh {mesh_text(self.mesh_request)!r} has {size} devices but the job has "
+                f"{devices}: make the axis sizes multiply to {devices}"
+            )
+
+    def mesh_shape(self) -> MeshShape:
+        """The mesh in use: the request, or every process on the `fsdp` axis."""
+        return self.mesh_request or (("fsdp", runtime.world_size()),)
+
+    def mesh(self) -> Any:
+        """The DeviceMesh of the job's processes (the `tpu` or `cpu` device type)."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            shape = self.mesh_shape()
+            self._mesh = init_device_mesh(
+                runtime.device().type,
+                tuple(size for _, size in shape),
+                mesh_dim_names=tuple(axis for axis, _ in shape),
+            )
+        return self._mesh
+
+    def mesh_axes(self) -> dict[str, int]:
+        return dict(self.mesh_shape())
+
+    def tensor_size(self) -> int:
+        return self.mesh_axes().get("tensor", 1)
+
+    def describe(self) -> str:
+        return f"{super().describe()}, mesh {mesh_text(self.mesh_shape())}"
+
+    # ---- data -----------------------------------------------------------------------
+    def data_layout(self) -> tuple[int, int]:
+        # `tensor` is the innermost axis: the processes of one tensor group read one batch.
+        tensor = self.tensor_size()
+        return runtime.world_size() // tensor, runtime.global_ordinal() // tensor
+
+    # ---- model ------------------------------------------------------------------------
+    def setup_model(
+        self,
+        model: nn.Module,
+        block_class: type[nn.Module] | None = None,
+        activation_checkpointing: bool = False,
+        rules: Sequence[Rule] = (),
+    ) -> tuple[nn.Module, tying.TieReport]:
+        """Move the model, split the rules' `tensor` layers, shard blocks and model (FSDP2),
+        and check the ties held through it."""
+        from torch.distributed.fsdp import fully_shard
+
+        report = tying.move_and_retie(model, runtime.device())
+        specs = _specs(model, rules, self.mesh_axes())  # refuses rules that cannot apply
+        if self.tensor_size() > 1:
+            self._parallelize(model, blocks_of(model, block_class), specs)
+        if activation_checkpointing:
+            checkpoint_blocks(model, block_class)
+        data_axes = tuple(axis for axis, _ in self.mesh_shape() if axis in BATCH_AXES)
+        mesh = self.mesh()[data_axes] if len(self.mesh_shape()) > 1 else self.mesh()
+        for block in blocks_of(model, block_class):
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        self._data_groups()
+        return model, check_after(model, report)
+
+    def _parallelize(
+        self, model: nn.Module, blocks: list[nn.Module], specs: dict[str, Spec]
+    ) -> None:
+        """Tensor parallelism of the blocks' layers the rules split over `tensor`.
+
+        Only inside the repeated blocks, where each split layer's partner undoes the split
+        (column-wise, then row-wise): the embedding and the head stay whole over `tensor`
+        (FSDP2 shards them), so the loss sees whole logits and tied weights stay one.
+        """
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        block_ids = {id(block) for block in blocks}
+        names = {id(module): name for name, module in model.named_modules()}
+        found = False
+        for block in blocks:
+            prefix = f"{names[id(block)]}."
+            plan: dict[str, Any] = {}
+            for name, module in block.named_modules():
+                spec = specs.get(f"{prefix}{name}.weight")
+                if spec is None or not any(_has_tensor(entry) for entry in spec):
+                    continue
+                if id(module) in block_ids - {id(block)}:
+                    continue  # a nested block: parallelized as its own
+                output_split = _has_tensor(spec[0])
+                if isinstance(module, nn.Linear):
+                    plan[name] = ColwiseParallel() if output_split else RowwiseParallel()
+                elif isinstance(module, nn.Embedding):
+                    plan[name] = RowwiseParallel() if output_split else ColwiseParallel()
+                else:
+                    raise RuntimeConfigError(
+                        f"a rule splits {prefix}{name}.weight over 'tensor', but "
+                        f"{type(module).__name__} is neither a Linear nor an Embedding: only "
+                        "those run tensor-parallel here"
+                    )
+            if plan:
+                parallelize_module(block, self.mesh()["tensor"], plan)
+                found = True
+        if not found:
+            raise RuntimeConfigError(
+                f"the mesh has tensor={self.tensor_size()} but no rule splits a Linear of the "
+                "model's repeated blocks over it: give sharding_rules that use 'tensor' (and a "
+                "task block_class), or drop the axis"
+            )
+
+    def _data_groups(self) -> None:
+        """One process group per tensor coordinate: the processes that read different data."""
+        tensor = self.tensor_size()
+        if tensor == 1 or self._groups:
+            return
+        import torch.distributed as dist
+
+        world = runtime.world_size()
+        for coordinate in range(tensor):
+            ranks = [rank for rank in range(world) if rank % tensor == coordinate]
+            self._groups[coordinate] = dist.new_group(ranks)
+        mine = self._groups[runtime.global_ordinal() % tensor]
+        runtime.set_data_group(mine, world // tensor)
+
+    # ---- collectives ------------------------------------------------------------------
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over the processes that read different data (a tensor group reads one)."""
+        if self.processes() == 1:
+            return tensor
+        import torch.distributed as dist
+
+        reduced = tensor.clone()
+        group = self._groups.get(runtime.global_ordinal() % self.tensor_size())
+        dist.all_reduce(reduced, group=group)
+        return reduced
+
+
+def _has_tensor(entry: Any) -> bool:
+    return entry == "tensor" or (isinstance(entry, tuple) and "tensor" in entry)
+
+
+def _specs(model: nn.Module, rules: Sequence[Rule], mesh: dict[str, int]) -> dict[str, Spec]:
+    """Each parameter's layout by the rules (every one of its names, for tied ones)."""
+    names: dict[int, list[str]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+        shapes.setdefault(names[id(param)][0], tuple(param.shape))
+    by_name = {found[0]: found for found in names.values()}
+    specs = layout(by_name, shapes, rules, mesh)
+    return {name: specs[found[0]] for found in names.values() for name in found}

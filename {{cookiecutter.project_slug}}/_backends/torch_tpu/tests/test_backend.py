@@ -1,0 +1,77 @@
+"""The torch_tpu backend's choices, refused or resolved before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from {{ cookiecutter.package_name }}.core import launcher, runtime, tpu_generations
+from {{ cookiecutter.package_name }}.core.precision import Precision
+from {{ cookiecutter.package_name }}.core.runtime import RuntimeConfigError
+
+
+def test_auto_is_single_on_one_device_and_ddp_on_more():
+    """It runs one device alone and several as one DDP process each."""
+    assert launcher.make_plan("cpu", 1).strategy.name == "single"
+    assert launcher.make_plan("cpu", 4).strategy.name == "ddp"
+
+
+def test_spmd_is_refused_with_what_to_use():
+    """It refuses torch_xla's one-process-per-host strategy and names ddp and fsdp."""
+    with pytest.raises(RuntimeConfigError, match="use --strategy ddp or fsdp"):
+        launcher.make_plan("cpu", 4, "spmd")
+
+
+def test_a_mesh_must_fit_the_processes_and_have_known_axes():
+    """It refuses a mesh of another size, an expert axis, and a mesh without fsdp."""
+    with pytest.raises(RuntimeConfigError, match="has 8 devices but the job has 4"):
+        launcher.make_plan("cpu", 4, "fsdp", "fsdp=8")
+    with pytest.raises(RuntimeConfigError, match="not offered by the torch_tpu backend"):
+        launcher.make_plan("cpu", 4, "fsdp", "fsdp=2,expert=2")
+    with pytest.raises(RuntimeConfigError, match="needs a 'fsdp' axis"):
+        launcher.make_plan("cpu", 4, "fsdp", "data=4")
+    assert launcher.make_plan("cpu", 4, "fsdp", "fsdp=2,tensor=2").strategy.mesh_axes() == {
+        "fsdp": 2,
+        "tensor": 2,
+    }
+
+
+def test_fsdp_times_tensor_reads_one_batch_per_tensor_group(monkeypatch):
+    """It gives the two processes of a tensor group the same data, and the groups apart."""
+    strategy = launcher.make_plan("cpu", 4, "fsdp", "fsdp=2,tensor=2").strategy
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    layouts = []
+    for rank in range(4):
+        monkeypatch.setenv("RANK", str(rank))
+        layouts.append(strategy.data_layout())
+    assert layouts == [(2, 0), (2, 0), (2, 1), (2, 1)]
+
+
+def test_scan_layers_and_legacy_bf16_are_refused():
+    """It refuses torch_xla's scan and XLA_USE_BF16 mode in one line each."""
+    with pytest.raises(RuntimeConfigError, match="torch_xla's scan"):
+        launcher.make_plan("cpu", 1).strategy.check_scan()
+    with pytest.raises(ValueError, match="use bf16-true"):
+        Precision.from_name("bf16-env")
+
+
+def test_generations_torch_tpu_cannot_run_are_refused():
+    """It refuses a v3 slice in one line naming the backend, and knows TPU7x."""
+    with pytest.raises(tpu_generations.UnknownAcceleratorType, match="does not run on torch_tpu"):
+        tpu_generations.parse("v3-8")
+    assert runtime.topology("tpu7x-8").hosts == 1
+    assert runtime.topology("v5p-16").hosts == 2
+
+
+def test_no_torch_xla_in_the_package():
+    """It imports nothing of torch_xla: the package's core is TorchTPU's."""
+    from pathlib import Path
+
+    import {{ cookiecutter.package_name }} as package
+
+    root = Path(package.__file__).parent
+    found = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if "import torch_xla" in path.read_text() or "from torch_xla" in path.read_text()
+    ]
+    assert found == ["core/layers.py"]  # BlockStack's scan, refused above before it runs
