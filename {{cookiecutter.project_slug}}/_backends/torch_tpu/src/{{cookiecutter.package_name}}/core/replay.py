@@ -57,6 +57,7 @@ class ReplayedStep:
         self.fn = fn
         self.state = state
         self.reason = reason  # why the step runs eagerly (None: it is compiled)
+        self.reads = 0  # device reads its warm-up made (compiling reads none)
         self.backend = compile_backend()
         self.phase = "capture" if reason is None else "eager"
         self._compiled: Callable[[Any], Any] | None = None
