@@ -152,7 +152,10 @@ class SpmdDataParallel(Strategy):
         return runtime.process_count(), runtime.process_index()
 
     def local_devices(self) -> int:
-        return runtime.addressable_device_count()
+        # The devices of a `context` group share their samples (each holds a stretch of
+        # every one): a process feeds one batch per group.
+        context = self.mesh_axes().get(SEQUENCE_AXIS, 1)
+        return max(1, runtime.addressable_device_count() // context)
 
     def input_sharding(self, sample: Any) -> Any:
         import torch_xla.distributed.spmd as xs
