@@ -75,7 +75,9 @@ def test_flash_arguments_mean_what_sdpa_computes(xla_device: Any) -> None:
     the kernel's own contract, the output SDPA gives with the block-diagonal mask."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 12, 8).to(xla_device) for _ in range(3))
-    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4], [5, 6, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1]])
+    positions = torch.tensor(
+        [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4], [5, 6, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1]]
+    )
     segments = document_segments(positions).to(xla_device)
     arguments = flash_arguments(q, k, v, segments, 8**-0.5)
 
@@ -119,11 +121,15 @@ def test_flash_splits_batch_and_heads_over_the_mesh_and_keeps_tokens_whole(
     found = python_subprocess([__file__])
 
     assert found["context=4,fsdp=2 heads=8"] == {
-        "spec": ["fsdp", "context", None, None], "axes": ["fsdp", "context"]
+        "spec": ["fsdp", "context", None, None],
+        "axes": ["fsdp", "context"],
     }
     assert found["context=4,fsdp=2 heads=6"]["spec"] == ["fsdp", None, None, None]
     assert found["data=2,context=2,tensor=2 heads=8"]["spec"] == [
-        "data", ["context", "tensor"], None, None
+        "data",
+        ["context", "tensor"],
+        None,
+        None,
     ]
 
 

@@ -84,12 +84,12 @@ def test_packed_documents_have_the_losses_they_have_alone(tmp_path: Path, xla_de
 
 # Sequences of 2048 tokens, a global batch of 2, on one device and split over 8.
 LONG = {"seq_len": 2048, "dim": 32, "layers": 1, "heads": 8, "max_bytes": 120000}
+EIGHT = ("--devices", "8", "--strategy")
 MESHES = {
     "one device": ("--devices", "1", "--batch-size", "2"),
-    "context=8": ("--devices", "8", "--strategy", "spmd", "--mesh", "context=8", "--batch-size", "2"),
-    "context=4,fsdp=2": ("--devices", "8", "--strategy", "fsdp", "--mesh", "context=4,fsdp=2",
-                         "--batch-size", "1"),
-}  # fmt: skip
+    "context=8": (*EIGHT, "spmd", "--mesh", "context=8", "--batch-size", "2"),
+    "context=4,fsdp=2": (*EIGHT, "fsdp", "--mesh", "context=4,fsdp=2", "--batch-size", "1"),
+}
 TEMPORARY = re.compile(r"allocation \d+: size (\d+), preallocated-temp")
 
 

@@ -102,7 +102,10 @@ def _layout(mesh: Any, heads: int, split_heads: tuple[str, ...]) -> tuple[Any, A
     batch = tuple(axis for axis in mesh.axis_names if axis in BATCH_AXES and sizes[axis] > 1)
     over: list[str] = []
     for axis in split_heads:
-        if sizes.get(axis, 1) > 1 and heads % (math.prod(sizes[a] for a in over) * sizes[axis]) == 0:
+        if (
+            sizes.get(axis, 1) > 1
+            and heads % (math.prod(sizes[a] for a in over) * sizes[axis]) == 0
+        ):
             over.append(axis)
 
     def entry(axes: tuple[str, ...] | list[str]) -> Any:

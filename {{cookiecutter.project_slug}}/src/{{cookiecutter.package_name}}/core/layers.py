@@ -88,7 +88,6 @@ class BlockStack(nn.ModuleList):
         buffers = {name: getattr(self, f"stacked_{_flat(name)}") for name in self.buffer_names}
 
         if not hasattr(self, "_one_block"):  # the same function every step: traced once
-
             # The constants ride in the carry, returned unchanged: a tensor the function
             # closed over would be frozen into the graph at its first value.
             def one_block(carry: Any, weights: Any) -> tuple[Any, None]:

@@ -37,7 +37,9 @@ def plain_causal(config: Any) -> bool:
         return False
     if any(getattr(config, name, None) for name in BEYOND_CAUSAL):
         return False
-    return not (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True))
+    return not (
+        getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+    )
 
 
 def register() -> None:

@@ -231,7 +231,9 @@ class Planner:
         per_host = generation.devices_per_host(size)
         contexts = [c for c in (1, 2, 4, 8, 16, 32, 64) if devices % c == 0]
         for context in contexts:
-            for tensor in (t for t in (1, 2, 4, 8) if t <= per_host and devices % (t * context) == 0):
+            for tensor in (
+                t for t in (1, 2, 4, 8) if t <= per_host and devices % (t * context) == 0
+            ):
                 mesh: MeshShape = (("fsdp", devices // (tensor * context)),)
                 mesh += ((SEQUENCE_AXIS, context),) if context > 1 else ()
                 mesh += (("tensor", tensor),) if tensor > 1 else ()

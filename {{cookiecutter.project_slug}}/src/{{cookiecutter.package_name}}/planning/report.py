@@ -81,8 +81,11 @@ def as_json(plan: Plan) -> dict[str, Any]:
         "proposed": {
             MODES[mode]: None
             if found is None
-            else {"mesh": mesh_text(found.mesh), "global_batch": found.global_batch,
-                  "per_device": per_device(found)}  # fmt: skip
+            else {
+                "mesh": mesh_text(found.mesh),
+                "global_batch": found.global_batch,
+                "per_device": per_device(found),
+            }
             for mode, found in plan.proposed.items()
         },
         "smallest": {

@@ -89,7 +89,9 @@ class Evaluator:
         """The batch's metric sums over its real samples, and their count."""
         valid = batch[VALID_KEY].float()
         inputs = {k: v for k, v in batch.items() if k != VALID_KEY}
-        inputs = self.precision.convert_batch(inputs if self.documents else without_documents(inputs))
+        inputs = self.precision.convert_batch(
+            inputs if self.documents else without_documents(inputs)
+        )
         with self.precision.forward_context():
             per_sample = self.task.metrics(model, inputs)
         rows = valid.shape[0]
