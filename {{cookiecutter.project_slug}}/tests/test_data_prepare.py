@@ -321,7 +321,7 @@ def test_gcs_inputs_to_gcs_use_local_disk_only_for_the_shards_in_flight(
         inputs += path.stat().st_size
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    shard, workers = 16 << 10, 2
+    shard, workers = 8 << 10, 2
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare",
                f"{gcs_bucket}/raw/*.jsonl", "--out", f"{gcs_bucket}/prepared", "--num-proc",
                str(workers), "--shard-size", str(shard), "--set",
@@ -342,7 +342,8 @@ def test_gcs_inputs_to_gcs_use_local_disk_only_for_the_shards_in_flight(
         time.sleep(0.002)
     output = process.communicate()[0]
     assert process.returncode == 0, output
-    in_flight = workers * 4 * (shard + 2048)  # int32 ids of each shard's bytes, and headers
+    # Two int32 columns (ids, positions) per byte of each shard in flight, and headers.
+    in_flight = workers * 8 * (shard + 2048)
     assert 0 < peak <= in_flight < inputs / 4, (peak, in_flight, inputs)
     assert not [name for name in names if name.endswith(".jsonl")]
     made = read_manifest(f"{gcs_bucket}/prepared")

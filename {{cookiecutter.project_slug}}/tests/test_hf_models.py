@@ -170,6 +170,22 @@ def test_mask_checks_read_the_device_without_the_fix(xla_device: Any) -> None:
     assert plain is None and torch.equal(fixed.cpu(), torch.zeros(2, 8, dtype=fixed.dtype))
 
 
+def test_causal_decoders_run_the_projects_attention_and_windowed_ones_keep_sdpa() -> None:
+    """It gives plain causal decoders the project's attention (flash on TPU) and leaves
+    sliding-window ones on transformers' SDPA, whose masks honour windows and documents."""
+    from {{ cookiecutter.package_name }}.hf import prepare as prepare_model
+    from {{ cookiecutter.package_name }}.hf.attention import NAME
+    from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
+
+    chosen = {}
+    for architecture, extra in (("llama", {}), ("qwen2", {}), ("gemma2", {}), ("mistral", {})):
+        task = make_task(**{**OPTIONS, "architecture": architecture, "max_bytes": 4000}, **extra)
+        if architecture == "mistral":
+            task.config.sliding_window = 8
+        chosen[architecture] = prepare_model(task.build_model()).config._attn_implementation
+    assert chosen == {"llama": NAME, "qwen2": NAME, "gemma2": "sdpa", "mistral": "sdpa"}
+
+
 def test_packed_documents_have_the_losses_they_have_alone(tmp_path: Path, xla_device: Any) -> None:
     """It gives each document of a packed window its losses alone (Llama), in one graph with
     no host read, through the project's attention and through transformers' SDPA masks."""
