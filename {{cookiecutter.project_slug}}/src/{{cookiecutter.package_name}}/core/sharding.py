@@ -14,7 +14,7 @@ part (`layers.*.mlp.up_proj.weight`).
 Parameters no rule names follow the fsdp rule (their largest dimension over `fsdp`, as
 torch_xla's FSDPv2 lays them out), or stay whole on a mesh without `fsdp`. So do parameters
 whose rule splits them over a model axis (`tensor`, `expert`) the mesh lacks: such a rule
-describes a tensor-parallel layout, and what is left of it on an fsdp-only mesh (the columns
+describes a model-parallel layout, and what is left of it on an fsdp-only mesh (the columns
 over `fsdp`, biases whole) gathers and reduces slower than FSDPv2's layout, for nothing.
 
 Nothing here imports torch_xla: the `plan` command and the checks before launch use it too.

@@ -8,34 +8,16 @@ here imports `transformers` unless the model came from it: projects without it w
 
 from __future__ import annotations
 
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torch import nn
+
+from .common import HFConfigError, is_hf_model, unwrap
 
 if TYPE_CHECKING:
     from .moe import MoeSettings
 
 __all__ = ["HFConfigError", "block_class", "is_hf_model", "prepare", "unwrap"]
-
-
-class HFConfigError(ValueError):
-    """A Hugging Face model, tokenizer or LoRA request that cannot run; the message says why."""
-
-
-def unwrap(model: nn.Module) -> Any:
-    """The `transformers` model inside `model` (itself, or the one peft wraps), else None."""
-    transformers = sys.modules.get("transformers")
-    if transformers is None:  # never imported: no model can come from it
-        return None
-    for module in model.modules():
-        if isinstance(module, transformers.PreTrainedModel):
-            return module
-    return None
-
-
-def is_hf_model(model: nn.Module) -> bool:
-    return unwrap(model) is not None
 
 
 def prepare(model: nn.Module, moe: MoeSettings | None = None) -> nn.Module:

@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from ..core.sharding import Rule, Spec
-from . import HFConfigError, unwrap
+from .common import HFConfigError, unwrap
 
 SPLIT_EXPERTS = {"grouped_gemm"}
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import HFConfigError
+from .common import HFConfigError
 from .moe import experts_modules
 
 

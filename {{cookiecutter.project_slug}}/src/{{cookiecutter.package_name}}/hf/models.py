@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from . import HFConfigError
+from .common import HFConfigError
 
 
 @dataclass(frozen=True)

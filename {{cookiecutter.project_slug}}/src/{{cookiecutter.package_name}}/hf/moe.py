@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import HFConfigError, unwrap
+from .common import HFConfigError, unwrap
 from .experts import LOADS, NAME, SETTINGS, Routing, register
 
 AUX = "_xla_router_aux_loss"  # the last training forward's aux loss (detached)

@@ -51,6 +51,7 @@ def fit(
     if cfg.scan_layers:
         strategy.check_scan()
     model = build_model(task, cfg, model)  # seeded, adapted (HF, LoRA, scan), cast
+    model.train()  # from_pretrained gives a model in eval mode: its dropout would be off
     cache = runtime.compile_cache_dir(cfg.compile_cache, plan.accelerator)
     ops.initialize_compile_cache(cache, readonly=not strategy.is_local_master())
     ops.set_rng_state(cfg.seed)

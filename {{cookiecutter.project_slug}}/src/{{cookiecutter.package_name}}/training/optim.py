@@ -99,6 +99,16 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
 SCHEDULES = ("cosine", "linear", "constant")
 
 
+def counts_on_device(config: OptimizerSettings, task: Any = None) -> bool:
+    """Whether the run's optimizer keeps its step counts on the device: AdamW, made
+    capturable on XLA (its step count and bias corrections computed there, so a replayed
+    step needs no host number but the learning rate, which it takes as an input)."""
+    if callable(getattr(task, "configure_optimizer", None)):
+        return False  # the task's own: as it builds it
+    adamw = OPTIMIZERS[config.optimizer] is torch.optim.AdamW
+    return adamw and bool(config.optimizer_options.get("capturable", True))
+
+
 def build_optimizer(
     model: nn.Module, config: OptimizerSettings, task: Any = None
 ) -> torch.optim.Optimizer:
@@ -114,9 +124,7 @@ def build_optimizer(
     kind = OPTIMIZERS[config.optimizer]
     options: dict[str, Any] = {"lr": config.lr, "weight_decay": config.weight_decay}
     trainable = [param for param in model.parameters() if param.requires_grad]  # not a frozen base
-    if kind is torch.optim.AdamW and trainable and trainable[0].device.type == "xla":
-        # Its step count and bias corrections on the device: a replayed step needs no
-        # host number but the learning rate, which it takes as an input.
+    if counts_on_device(config) and trainable and trainable[0].device.type == "xla":
         options["capturable"] = True
     options.update(config.optimizer_options)
     try:
