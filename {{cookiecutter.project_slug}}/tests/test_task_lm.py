@@ -82,8 +82,9 @@ def test_packed_documents_have_the_losses_they_have_alone(tmp_path: Path, xla_de
         assert (unmasked[start:end] - losses).abs().max() > 1e-3, (start, end)
 
 
-# Sequences of 2048 tokens, a global batch of 2, on one device and split over 8.
-LONG = {"seq_len": 2048, "dim": 32, "layers": 1, "heads": 8, "max_bytes": 120000}
+# Sequences of 2048 tokens of short documents, a global batch of 2, on one device and split
+# over 8.
+LONG = {"seq_len": 2048, "dim": 32, "layers": 1, "heads": 8}
 EIGHT = ("--devices", "8", "--strategy")
 MESHES = {
     "one device": ("--devices", "1", "--batch-size", "2"),
@@ -114,14 +115,18 @@ def planned_activations(folder: Path, mesh: str, accelerator: str) -> int:
 def test_context_axis_trains_long_sequences_like_one_device_on_a_share_of_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """It trains seq_len 2048 over context=8 and context=4,fsdp=2 with one device's losses,
-    one graph each, the activations per device falling with the context axis (plan and XLA)."""
+    """It trains packed documents at seq_len 2048 over context=8 and context=4,fsdp=2 with one
+    device's losses, one replayed graph each, the activations per device falling with the
+    context axis (plan and XLA)."""
+    data = tmp_path / "prepared"
+    corpus = short_documents_jsonl(tmp_path, count=1200)
+    prepare([str(corpus)], str(data), Tokenizer(None), 256, Settings(LONG["seq_len"], eval_fraction=0.2))
     runs, temporaries, planned = {}, {}, {}
     for name, args in MESHES.items():
         folder = tmp_path / re.sub(r"\W", "-", name)
         folder.mkdir()
         config = write_config(folder, task="lm", task_options=LONG, eval_batch_size=1,
-                              max_steps=3, log_every=1, seed=3)  # fmt: skip
+                              max_steps=4, log_every=1, seed=3, data=str(data))  # fmt: skip
         monkeypatch.setenv("XLA_FLAGS", f"--xla_dump_to={folder / 'xla'}")  # the child's
         done = cli("train", "--config", str(config), "--run-dir", str(folder / "run"), *args)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -133,6 +138,7 @@ def test_context_axis_trains_long_sequences_like_one_device_on_a_share_of_memory
     reference = runs["one device"]["train_losses"]
     for name, summary in runs.items():
         assert summary["global_batch"] == 2 and summary["loop_compilations"] == 1, name
+        assert summary["step"] == {"replayed": True, "traced_because": None}, name
         for (step, loss), (_, expected) in zip(summary["train_losses"], reference, strict=True):
             assert loss == pytest.approx(expected, rel=1e-5), (name, step)
     # Each device holds an eighth of the tokens: the plan says an eighth of the activations,
