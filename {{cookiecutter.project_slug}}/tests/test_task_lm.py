@@ -120,7 +120,8 @@ def test_context_axis_trains_long_sequences_like_one_device_on_a_share_of_memory
     context axis (plan and XLA)."""
     data = tmp_path / "prepared"
     corpus = short_documents_jsonl(tmp_path, count=1200)
-    prepare([str(corpus)], str(data), Tokenizer(None), 256, Settings(LONG["seq_len"], eval_fraction=0.2))
+    settings = Settings(LONG["seq_len"], eval_fraction=0.2)
+    prepare([str(corpus)], str(data), Tokenizer(None), 256, settings)
     runs, temporaries, planned = {}, {}, {}
     for name, args in MESHES.items():
         folder = tmp_path / re.sub(r"\W", "-", name)
