@@ -46,6 +46,7 @@ TEXT_TASK_FILES = (
     "scripts/ray-node.sh",
     "benchmarks/data_bench.py",
     "benchmarks/read_bench.py",
+    "benchmarks/long_bench.py",
 )
 
 

@@ -221,6 +221,7 @@ CORPUS = [
     "scripts/ray-node.sh",
     "benchmarks/data_bench.py",
     "benchmarks/read_bench.py",
+    "benchmarks/long_bench.py",
 ]
 
 

@@ -61,3 +61,29 @@ def read_windows(folder: Path, split: str = "train") -> dict[str, list[list[int]
 
 def manifest(folder: Path) -> dict[str, Any]:
     return dict(json.loads((folder / "prepared.json").read_text()))
+
+
+def short_documents_jsonl(folder: Path, count: int = 200, seed: int = 1) -> Path:
+    """Documents of a few words: a window of 128 tokens holds several of them."""
+    texts = documents(count, seed, words=(2, 9))
+    return write_jsonl(folder / "short.jsonl", [{"text": t} for t in texts])
+
+
+def window_with_documents(dataset: Any, least: int = 4) -> dict[str, Any]:
+    """The first sample of a prepared split whose window holds at least `least` documents."""
+    from {{ cookiecutter.package_name }}.core.attention import document_segments
+
+    for index in range(len(dataset)):
+        sample = dataset[index]
+        if int(document_segments(sample["positions"][None]).max()) + 1 >= least:
+            return dict(sample)
+    raise AssertionError(f"no window holds {least} documents")
+
+
+def document_spans(positions: Any) -> list[tuple[int, int]]:
+    """(start, end) of each document in a window's inputs, from their positions."""
+    from {{ cookiecutter.package_name }}.core.attention import document_segments
+
+    segments = document_segments(positions[None])[0].tolist()
+    starts = [i for i, s in enumerate(segments) if i == 0 or s != segments[i - 1]]
+    return list(zip(starts, [*starts[1:], len(segments)], strict=True))

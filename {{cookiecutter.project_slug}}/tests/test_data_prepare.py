@@ -66,6 +66,31 @@ def test_documents_are_packed_in_order_with_an_end_id_between_them(tmp_path: Pat
     assert summary.sequences_total * (SEQ_LEN + 1) + summary.dropped_tokens == total  # type: ignore[attr-defined]
 
 
+def test_windows_record_where_each_document_starts(tmp_path: Path) -> None:
+    """It writes each token's position in its document, from 0 at every document's first
+    token and at every window's first, and training reads an input's from its target's."""
+    from {{ cookiecutter.package_name }}.data.reading import PackedWindows
+
+    texts = documents(200)
+    source = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in texts])
+    summary, _ = prepare_bytes([source], tmp_path / "out")
+    windows = read_windows(tmp_path / "out")
+    ids, positions = np.array(windows["input_ids"]), np.array(windows["positions"])
+
+    for window, places in zip(ids, positions, strict=True):
+        expected, at = [], 0
+        for index in range(SEQ_LEN + 1):
+            at = 0 if index == 0 or window[index - 1] == BYTE_EOD else at + 1
+            expected.append(at)
+        assert places.tolist() == expected
+    sample = PackedWindows(str(tmp_path / "out" / "train"), summary.sequences["train"])[0]
+    # An input's document is its target's: an end id starts the document after it.
+    starts = [0] + [i for i in range(1, SEQ_LEN) if ids[0][i] == BYTE_EOD]
+    inputs = sample["positions"].tolist()
+    assert [i for i, p in enumerate(inputs) if p == 0] == starts
+    assert inputs == [i - max(s for s in starts if s <= i) for i in range(SEQ_LEN)]
+
+
 def test_held_out_documents_are_an_even_share() -> None:
     """It holds out close to the asked share of documents, spread through the corpus."""
     chosen = held_out(np.arange(10_000), 0.05)
@@ -296,7 +321,7 @@ def test_gcs_inputs_to_gcs_use_local_disk_only_for_the_shards_in_flight(
         inputs += path.stat().st_size
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    shard, workers = 16 << 10, 2
+    shard, workers = 8 << 10, 2
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare",
                f"{gcs_bucket}/raw/*.jsonl", "--out", f"{gcs_bucket}/prepared", "--num-proc",
                str(workers), "--shard-size", str(shard), "--set",
@@ -317,7 +342,8 @@ def test_gcs_inputs_to_gcs_use_local_disk_only_for_the_shards_in_flight(
         time.sleep(0.002)
     output = process.communicate()[0]
     assert process.returncode == 0, output
-    in_flight = workers * 4 * (shard + 2048)  # int32 ids of each shard's bytes, and headers
+    # Two int32 columns (ids, positions) per byte of each shard in flight, and headers.
+    in_flight = workers * 8 * (shard + 2048)
     assert 0 < peak <= in_flight < inputs / 4, (peak, in_flight, inputs)
     assert not [name for name in names if name.endswith(".jsonl")]
     made = read_manifest(f"{gcs_bucket}/prepared")

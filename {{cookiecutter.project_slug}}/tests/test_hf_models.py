@@ -171,6 +171,78 @@ def test_mask_checks_read_the_device_without_the_fix(xla_device: Any) -> None:
     assert plain is None and torch.equal(fixed.cpu(), torch.zeros(2, 8, dtype=fixed.dtype))
 
 
+def test_causal_decoders_run_the_projects_attention_and_windowed_ones_keep_sdpa() -> None:
+    """It gives plain causal decoders the project's attention (flash on TPU) and leaves
+    sliding-window ones on transformers' SDPA, whose masks honour windows and documents."""
+    from {{ cookiecutter.package_name }}.hf import prepare as prepare_model
+    from {{ cookiecutter.package_name }}.hf.attention import NAME
+    from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
+
+    chosen = {}
+    for architecture, extra in (("llama", {}), ("qwen2", {}), ("gemma2", {}), ("mistral", {})):
+        task = make_task(**{**OPTIONS, "architecture": architecture, "max_bytes": 4000}, **extra)
+        if architecture == "mistral":
+            task.config.sliding_window = 8
+        chosen[architecture] = prepare_model(task.build_model()).config._attn_implementation
+    assert chosen == {"llama": NAME, "qwen2": NAME, "gemma2": "sdpa", "mistral": "sdpa"}
+
+
+def test_packed_documents_have_the_losses_they_have_alone(tmp_path: Path, xla_device: Any) -> None:
+    """It gives each document of a packed window its losses alone (Llama), in one graph with
+    no host read, through the project's attention and through transformers' SDPA masks."""
+    import copy
+
+    import torch.nn.functional as F
+    import torch_xla
+
+    from {{ cookiecutter.package_name }}.core import health
+    from {{ cookiecutter.package_name }}.data.encoding import Tokenizer
+    from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
+    from {{ cookiecutter.package_name }}.hf import prepare as prepare_model
+    from {{ cookiecutter.package_name }}.hf.attention import NAME
+    from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
+
+    from data_helpers import document_spans, short_documents_jsonl, window_with_documents
+
+    def losses(model: Any, x: torch.Tensor, y: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        logits = model(input_ids=x, **kwargs).logits
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
+
+    out = tmp_path / "prepared"
+    settings = Settings(128, eval_fraction=0.1)
+    prepare([str(short_documents_jsonl(tmp_path))], str(out), Tokenizer(None), 256, settings)
+    task = make_task(str(out), **{**OPTIONS, "seq_len": 128})
+    sample = window_with_documents(task.train_dataset())
+    torch.manual_seed(0)
+    model = prepare_model(task.build_model()).eval()
+    assert model.config._attn_implementation == NAME
+    reference = copy.deepcopy(model)
+    reference.set_attn_implementation("sdpa")  # transformers' own attention and masks
+    spans = document_spans(sample["positions"])
+    x, y, positions = (sample[key][None] for key in ("x", "y", "positions"))
+    with torch.no_grad():  # each document alone, eager on the CPU
+        alone = [losses(reference, x[:, a:b], y[:, a:b]) for a, b in spans]
+        unmasked = losses(reference, x, y)
+        packed = {}
+        for name, chosen in (("project", model), ("transformers", reference)):
+            on_device = copy.deepcopy(chosen).to(xla_device)
+            inputs = [tensor.to(xla_device) for tensor in (x, y, positions)]
+            torch_xla.sync()
+            before = health.snapshot()
+            found = losses(on_device, inputs[0], inputs[1], position_ids=inputs[2])
+            torch_xla.sync()
+            counted = health.snapshot().since(before)
+            assert (counted.compilations, counted.transfers) == (1, 0), (name, counted)
+            packed[name] = found.cpu()
+
+    assert len(spans) >= 4
+    for name, found in packed.items():
+        for (start, end), expected in zip(spans, alone, strict=True):
+            assert torch.allclose(found[start:end], expected, rtol=0, atol=1e-5), (name, start)
+    for (start, end), expected in zip(spans[1:], alone[1:], strict=True):
+        assert (unmasked[start:end] - expected).abs().max() > 1e-3, (start, end)
+
+
 @pytest.mark.slow
 def test_doc_hugging_face_task_trains_under_fsdp_with_lora(tmp_path: Path) -> None:
     """It trains docs/your-model.md's own transformers task: fsdp x8, LoRA, one graph."""

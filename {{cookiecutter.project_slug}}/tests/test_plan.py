@@ -487,3 +487,27 @@ def cli_json(*args: str) -> str:
     done = cli(*args, "--accelerator-type", "v5e-8", "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def test_a_sequence_too_long_for_the_mesh_grows_the_context_axis(tmp_path: Path) -> None:
+    """It says to grow `context` when activations outweigh the state, and proposes the first
+    layout of the same slice that fits: the sequence split over a context axis."""
+    from {{ cookiecutter.package_name }}.planning.cli import Request, make_plan
+
+    options = {**TINY["task_options"], "seq_len": 512}
+    config = write_config(tmp_path, task_options=options)
+
+    def planned(margin: float) -> Any:
+        request = Request(config, [], None, None, None, "v5litepod-8", "fsdp=8", None, None,
+                          None, None, None, margin)  # fmt: skip
+        return make_plan(request)
+
+    roomy = planned(0.1)
+    assert roomy.axis_to_grow(False) is None
+    hbm = roomy.accelerator.hbm_bytes_per_device
+    tight = planned(1 - 0.6 * roomy.estimate.total(False) / hbm)  # 60% of what fsdp=8 needs
+
+    assert tight.axis_to_grow(False) == "context"
+    proposed = tight.proposed[False]
+    assert proposed is not None and dict(proposed.mesh).get("context", 1) > 1, proposed
+    assert proposed.total(False) <= tight.usable_bytes

@@ -26,7 +26,8 @@ def _flat(name: str) -> str:
 
 
 class BlockStack(nn.ModuleList):
-    """Identical blocks applied in order: `hidden = block(hidden)` for each block.
+    """Identical blocks applied in order: `hidden = block(hidden, *constants)` for each
+    block; `constants` are tensors every block reads unchanged (a batch's document segments).
 
     After `stack_parameters()` (what `scan_layers = true` does) the blocks' parameters
     live stacked in this module and run through `torch_xla.experimental.scan`. Either
@@ -36,11 +37,11 @@ class BlockStack(nn.ModuleList):
 
     scan = False
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, *constants: torch.Tensor) -> torch.Tensor:
         if self.scan:
-            return self._scanned(hidden)
+            return self._scanned(hidden, constants)
         for block in self:
-            hidden = block(hidden)
+            hidden = block(hidden, *constants)
         return hidden
 
     # ---- scanned ------------------------------------------------------------------
@@ -78,7 +79,7 @@ class BlockStack(nn.ModuleList):
         self._register_load_state_dict_pre_hook(_stack_state)
         self.scan = True
 
-    def _scanned(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _scanned(self, hidden: torch.Tensor, constants: tuple[torch.Tensor, ...]) -> torch.Tensor:
         from functorch.compile import default_partition, min_cut_rematerialization_partition
         from torch_xla.experimental.scan import scan
 
@@ -87,17 +88,23 @@ class BlockStack(nn.ModuleList):
         buffers = {name: getattr(self, f"stacked_{_flat(name)}") for name in self.buffer_names}
 
         if not hasattr(self, "_one_block"):  # the same function every step: traced once
-
+            # The constants ride in the carry, returned unchanged: a tensor the function
+            # closed over would be frozen into the graph at its first value.
             def one_block(carry: Any, weights: Any) -> tuple[Any, None]:
                 merged = {**weights[0], **weights[1]}
-                return torch.func.functional_call(template, merged, carry, strict=True), None
+                hidden = torch.func.functional_call(template, merged, carry, strict=True)
+                return (hidden, *carry[1:]), None
 
             self._one_block = one_block
         partition = min_cut_rematerialization_partition if self.remat else default_partition
         carry, _ = scan(
-            self._one_block, hidden, (params, buffers), partition_fn=partition, is_fn_pure=True
+            self._one_block,
+            (hidden, *constants),
+            (params, buffers),
+            partition_fn=partition,
+            is_fn_pure=True,
         )
-        return carry  # type: ignore[no-any-return]
+        return carry[0]  # type: ignore[no-any-return]
 
     def per_block(self, name: str) -> Iterator[tuple[int, str]]:
         """For a stacked parameter's name, each block's index and plain parameter name."""

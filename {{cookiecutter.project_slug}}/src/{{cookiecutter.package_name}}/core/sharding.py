@@ -1,10 +1,12 @@
 """Sharding by rules: parameter name patterns -> partition specs over named mesh axes.
 
 A mesh names its axes `data` (replicas of the model, each on its share of the batch),
-`fsdp` (parameters, gradients and optimizer state split, gathered for use), `expert` (a
-mixture of experts' experts split for good, each device holding its experts; the batch is
-split over it too) and `tensor` (matrices split for good: each device computes its slice of
-every layer), outermost first: `fsdp=4,tensor=2` is 8 devices. A rule says how a parameter
+`fsdp` (parameters, gradients and optimizer state split, gathered for use), `context` (each
+sequence split: every device holds its stretch of the tokens' activations, attention
+gathering what it must), `expert` (a mixture of experts' experts split for good, each device
+holding its experts; the batch is split over it too) and `tensor` (matrices split for good:
+each device computes its slice of every layer), outermost first: `fsdp=4,tensor=2` is 8
+devices, `context=4,fsdp=2` too. A rule says how a parameter
 is laid out over them: one entry per dimension, an axis, several axes, or None (whole).
 `blocks.*.attn.qkv.weight -> ("tensor", "fsdp")` splits the rows over `tensor` and the
 columns over `fsdp`. Patterns match the end of a parameter's name, `*` standing for one
@@ -29,9 +31,11 @@ from .runtime import RuntimeConfigError
 
 # Mesh axes this project shards over, outermost first. `tensor` is innermost: its
 # collectives run every layer, so it belongs on the fastest links; `expert`'s (tokens to
-# their experts and back) run every mixture-of-experts layer, next to it.
-AXES = ("data", "fsdp", "expert", "tensor")
+# their experts and back) run every mixture-of-experts layer, next to it, and `context`'s
+# (each attention layer's keys and values, or its heads) next to those.
+AXES = ("data", "fsdp", "context", "expert", "tensor")
 BATCH_AXES = ("data", "fsdp", "expert")  # a batch's first dimension is split over these
+SEQUENCE_AXIS = "context"  # a batch's second dimension (its tokens) is split over this one
 # Axes that split parameters for good: a split must be even, some rule must use them, and a
 # rule naming one applies only on a mesh that has it.
 MODEL_AXES = ("expert", "tensor")

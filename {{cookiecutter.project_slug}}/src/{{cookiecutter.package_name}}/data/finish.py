@@ -11,7 +11,7 @@ import numpy as np
 
 from .encoding import Tokenizer
 from .manifest import INDEX, SPLITS, DataError, Manifest, filesystem, join
-from .packing import TOKEN_COLUMNS, decode_counts, entropy
+from .packing import LABELS, TOKEN_COLUMNS, decode_counts, entropy
 from .plan import Shard
 from .shards import finished, read_records
 
@@ -78,7 +78,7 @@ def write_indexes(out: str, manifest: Manifest, layout: dict[str, list[Any]]) ->
 
 def _datasets_files(names: list[str], manifest: Manifest, split: str) -> dict[str, Any]:
     """`state.json` and `dataset_info.json`, as `datasets.Dataset.save_to_disk` writes them."""
-    columns = TOKEN_COLUMNS if manifest.masked else TOKEN_COLUMNS[:1]
+    columns = [name for name in TOKEN_COLUMNS if manifest.masked or name != LABELS]
     window = {"dtype": "int32", "_type": "Value"}
     features = {
         name: {"feature": window, "length": manifest.seq_len + 1, "_type": "List"}

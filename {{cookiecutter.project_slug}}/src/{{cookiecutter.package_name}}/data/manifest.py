@@ -12,7 +12,7 @@ MANIFEST = "prepared.json"  # written after every data file: a folder without it
 PLAN = "prepare-plan.json"  # written first: whose output this is, and its shards
 INDEX = "index.json"  # in each split: where every window lies, so a reader opens no file to find it
 FORMAT = "packed-token-windows"
-VERSION = 2
+VERSION = 3  # 3: windows carry `positions` (where documents start)
 SPLITS = ("train", "eval")
 
 

@@ -7,6 +7,11 @@ unfinished window are dropped and counted, the same way for every shard.
 The record layout of a window file is decided here and only here: `TOKEN_COLUMNS` lists
 the per-token columns a window may carry (a column is a fixed-size list of `seq_len + 1`
 int32 values), and a `SplitWriter` cuts every column it is given at the same places.
+
+Every window records where its documents start: `positions` holds each token's position in
+its document, counted from 0 at the document's first token and at the window's first (a
+document that began in an earlier window is seen from where this one starts). Training
+masks attention with it, so that no token reads a document it does not belong to.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import numpy as np
 from .encoding import IGNORE
 from .manifest import DataError
 
-IDS, LABELS = "input_ids", "labels"
-TOKEN_COLUMNS = (IDS, LABELS)  # in file order; a new per-token column is added here
+IDS, LABELS, POSITIONS = "input_ids", "labels", "positions"
+TOKEN_COLUMNS = (IDS, LABELS, POSITIONS)  # in file order; a new per-token column is added here
+STARTS = "starts"  # 1 at each document's first token: written as POSITIONS, window by window
 FLUSH_IDS = 1 << 22  # ids gathered before windows are cut and written: few, large batches
 
 
@@ -63,7 +69,10 @@ class SplitWriter:
         self.pending = {name: [values[whole:]] for name, values in joined.items()}
         self.waiting -= whole
         self.sequences += whole // self.window
-        self._write({name: values[:whole] for name, values in joined.items()})
+        cut = {name: values[:whole] for name, values in joined.items()}
+        if STARTS in cut:
+            cut[POSITIONS] = window_positions(cut.pop(STARTS), self.window)
+        self._write(cut)
 
     def _write(self, columns: dict[str, np.ndarray]) -> None:
         import pyarrow as pa
@@ -89,7 +98,7 @@ class SplitWriter:
             self._flush()
         if self.writer is None:
             empty = np.zeros(0, np.int32)
-            self._write({IDS: empty, **({LABELS: empty} if masked else {})})
+            self._write({IDS: empty, **({LABELS: empty} if masked else {}), POSITIONS: empty})
         self.writer.close()
         return self.waiting
 
@@ -115,12 +124,16 @@ class Packer:
                 f"{self.vocab}: use the model's own tokenizer"
             )
         flat_labels = np.concatenate(labels) if labels else None
+        starts = np.zeros(len(flat), np.int32)
+        starts[np.cumsum(lengths)[:-1]] = 1  # every document's first token but the first's
+        if len(flat):
+            starts[0] = 1
         for name, take in (("train", ~held), ("eval", held)):
             if not take.any():
                 continue
             # The documents of one split, still in corpus order, as one flat run of ids.
             keep = np.repeat(take, lengths)
-            columns = {IDS: flat[keep]}
+            columns = {IDS: flat[keep], STARTS: starts[keep]}
             if flat_labels is not None:
                 columns[LABELS] = flat_labels[keep]
             self.splits[name].add(columns)
@@ -139,6 +152,15 @@ class Packer:
             "counts": encode_counts(counts if isinstance(counts, np.ndarray) else None),
             "masked": masked,
         }
+
+
+def window_positions(starts: np.ndarray, window: int) -> np.ndarray:
+    """Each token's position in its document within its window (flat, int32), from the
+    markers of documents' first tokens: 0 at a marker and at every window's first token."""
+    marked = starts.reshape(-1, window).astype(bool)
+    index = np.arange(window, dtype=np.int32)
+    last_start = np.maximum.accumulate(np.where(marked, index, 0), axis=1)
+    return (index - last_start).astype(np.int32).ravel()
 
 
 def encode_counts(counts: np.ndarray | None) -> str:

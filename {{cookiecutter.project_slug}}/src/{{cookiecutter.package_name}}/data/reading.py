@@ -19,8 +19,17 @@ import torch
 from torch.utils.data import Dataset
 
 from .encoding import same_identity
-from .manifest import INDEX, MANIFEST, DataError, Manifest, filesystem, join, read_manifest
-from .packing import IDS, LABELS, file_layout
+from .manifest import (
+    INDEX,
+    MANIFEST,
+    VERSION,
+    DataError,
+    Manifest,
+    filesystem,
+    join,
+    read_manifest,
+)
+from .packing import IDS, LABELS, POSITIONS, TOKEN_COLUMNS, file_layout
 from .readahead import ReadAhead, ReadAheadSampler
 
 Sample = dict[str, torch.Tensor]
@@ -38,7 +47,13 @@ class Chunk:
 
 class PackedWindows(Dataset[Sample]):
     """Windows of `seq_len + 1` ids: `x` the first seq_len, `y` the next-token targets
-    (-100 where a mask says the token carries no loss).
+    (-100 where a mask says the token carries no loss), `positions` each input token's
+    position in the document of its target.
+
+    A document is read from the token before its first: the end-of-document id of the one
+    before it (or the window's first token). So a packed window trains each document on
+    exactly what it would see alone, preceded by an end-of-document id, and every target
+    still carries loss.
 
     Each window is read from its file at its offset: the process holds the windows it
     reads and nothing around them, so its memory is the same for a corpus of any size (a
@@ -51,6 +66,7 @@ class PackedWindows(Dataset[Sample]):
         self.length = length
         self.remote = "://" in folder and not folder.startswith("file://")
         self._chunks: list[Chunk] | None = None
+        self.columns: tuple[str, ...] = ()  # the per-token columns read, in file order
         self._starts: np.ndarray | None = None
         self._files: dict[str, int] = {}
         self._fs: Any = None
@@ -85,12 +101,14 @@ class PackedWindows(Dataset[Sample]):
             raise DataError(f"{self.folder!r} holds {rows} sequences, its manifest {self.length}")
         self._chunks = chunks
         self._starts = np.cumsum([0] + [chunk.rows for chunk in chunks])
+        if chunks:
+            self.columns = tuple(name for name in TOKEN_COLUMNS if name in chunks[0].at)
 
     def __len__(self) -> int:
         return self.length
 
     def ranges(self, indices: list[int]) -> list[tuple[str, int, int]]:
-        """The byte ranges of the windows at `indices`: ids, then labels when masked."""
+        """The byte ranges of the windows at `indices`: each window's `columns` in turn."""
         if self._chunks is None:
             self._open()
         assert self._chunks is not None and self._starts is not None
@@ -101,14 +119,13 @@ class PackedWindows(Dataset[Sample]):
             at = int(np.searchsorted(self._starts, index, side="right")) - 1
             chunk = self._chunks[at]
             step = (index - int(self._starts[at])) * chunk.width * 4
-            for name in (IDS, LABELS):
-                if name in chunk.at:
-                    start = chunk.at[name] + step
-                    found.append((chunk.path, start, start + chunk.width * 4))
+            for name in self.columns:
+                start = chunk.at[name] + step
+                found.append((chunk.path, start, start + chunk.width * 4))
         return found
 
     def fetch(self, indices: list[int]) -> list[bytes]:
-        """The bytes of the windows at `indices` (ids, then labels when masked, each)."""
+        """The bytes of the windows at `indices` (each window's `columns` in turn)."""
         ranges = self.ranges(indices)
         if self.remote:
             paths, starts, ends = zip(*ranges, strict=True) if ranges else ((), (), ())
@@ -126,19 +143,31 @@ class PackedWindows(Dataset[Sample]):
             data = self.ahead.take(indices, self.fetch)
         else:
             data = self.fetch(list(indices))
-        per = len(data) // max(1, len(indices))
-        return [_sample(data[i * per : (i + 1) * per]) for i in range(len(indices))]
+        per = len(self.columns)
+        return [_sample(dict(zip(self.columns, data[i * per : (i + 1) * per], strict=True)))
+                for i in range(len(indices))]  # fmt: skip
 
     def __getitem__(self, index: int) -> Sample:
         return self.__getitems__([index])[0]
 
 
-def _sample(parts: list[bytes]) -> Sample:
-    window = torch.from_numpy(np.frombuffer(parts[0], dtype=np.int32).astype(np.int64))
-    targets = window if len(parts) == 1 else torch.from_numpy(
-        np.frombuffer(parts[1], dtype=np.int32).astype(np.int64)
-    )  # fmt: skip
-    return {"x": window[:-1], "y": targets[1:]}
+def _sample(parts: dict[str, bytes]) -> Sample:
+    columns = {name: np.frombuffer(part, dtype=np.int32) for name, part in parts.items()}
+    window = columns[IDS].astype(np.int64)
+    targets = columns[LABELS].astype(np.int64) if LABELS in columns else window
+    sample = {"x": torch.from_numpy(window[:-1]), "y": torch.from_numpy(targets[1:])}
+    if POSITIONS in columns:
+        sample["positions"] = torch.from_numpy(input_positions(columns[POSITIONS]))
+    return sample
+
+
+def input_positions(positions: np.ndarray) -> np.ndarray:
+    """The input tokens' positions (int64, one fewer than the window's): a document starts
+    where its target's does, at the window's first token, and nowhere else."""
+    index = np.arange(len(positions) - 1)
+    starts = positions[1:] == 0
+    starts[0] = True
+    return (index - np.maximum.accumulate(np.where(starts, index, 0))).astype(np.int64)
 
 
 def open_prepared(
@@ -150,6 +179,12 @@ def open_prepared(
         raise DataError(
             f"{location!r} is not a prepared dataset (no {MANIFEST}: an interrupted prepare "
             "leaves none): run prepare"
+        )
+    if manifest.version < VERSION:
+        raise DataError(
+            f"{location!r} was prepared by an older version of prepare (format {manifest.version},"
+            f" this one reads {VERSION}: windows that say where documents start): prepare it "
+            "again into a new folder"
         )
     if manifest.seq_len != seq_len:
         raise DataError(

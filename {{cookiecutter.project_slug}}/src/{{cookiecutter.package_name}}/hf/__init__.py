@@ -27,20 +27,27 @@ def prepare(model: nn.Module, moe: MoeSettings | None = None) -> nn.Module:
       one graph per step, no host sync, in its own forward.
     - The key/value cache is off: training never reuses it, and with activation
       checkpointing a recomputed layer would append to it a second time.
-    - Attention runs through PyTorch's SDPA, which XLA lowers (eager works too, slower).
+    - Attention stays inside each document (`position_ids` that restart at each one): a
+      causal decoder runs the project's attention (`attention.py`: Pallas flash attention
+      on TPU, SDPA elsewhere); one with sliding windows or other extras, transformers' SDPA
+      and its masks.
     - Mixtures of experts compute their experts with static shapes, and return their
       router's load-balancing loss while training (`moe.py`, with `moe`'s settings).
     """
     inner = unwrap(model)
     if inner is None:
         return model
+    from .attention import NAME, plain_causal, register
     from .masks import static_masks
     from .moe import prepare_experts
 
     static_masks()
     prepare_experts(model, moe)
     inner.config.use_cache = False
-    if inner.config._attn_implementation not in ("sdpa", "eager"):
+    if plain_causal(inner.config):
+        register()
+        inner.set_attn_implementation(NAME)
+    elif inner.config._attn_implementation not in ("sdpa", "eager"):
         inner.set_attn_implementation("sdpa")
     return model
 

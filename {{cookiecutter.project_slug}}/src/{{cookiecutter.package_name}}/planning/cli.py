@@ -15,8 +15,8 @@ import typer
 DEFAULT_ACCELERATOR = "{{ cookiecutter.accelerator_type }}"  # the project's own
 ACCELERATOR_HELP = "TPU slice: v5litepod-8 (or v5e-8), v5p-64, v6e-256, v4-32, ..."
 MESH_HELP = (
-    "fsdp=8, fsdp=4,tensor=2, data=2,fsdp=2,tensor=2, fsdp=2,expert=4 (default: fsdp over "
-    "every device)."
+    "fsdp=8, fsdp=4,tensor=2, data=2,fsdp=2,tensor=2, fsdp=2,expert=4, fsdp=4,context=2 "
+    "(default: fsdp over every device)."
 )
 HF_CONFIG_HELP = "Plan a Hugging Face decoder from its config: a cached name or a directory."
 ARCHITECTURE_HELP = "Plan a Hugging Face decoder of this model type (llama, qwen2, ...) and --size."
@@ -135,7 +135,7 @@ def _check_model_source(request: Request) -> None:
 
 def make_plan(request: Request) -> Any:
     """Check every input, then build the model and estimate (errors: ValueError subclasses)."""
-    from ..core.sharding import parse_mesh
+    from ..core.sharding import SEQUENCE_AXIS, parse_mesh
     from ..training.config import build_config, parse_override
     from .estimate import Accelerator, BatchSize, PlanError, Planner, check_batch, check_mesh
     from .report import Plan
@@ -168,7 +168,8 @@ def make_plan(request: Request) -> Any:
     shape = parse_mesh(request.mesh or cfg.mesh) or (("fsdp", accelerator.devices),)
     check_mesh(shape, accelerator)
     batch = BatchSize(per_device=cfg.batch_size, global_batch=request.global_batch)
-    check_batch(shape, batch.of(accelerator.devices))
+    context = dict(shape).get(SEQUENCE_AXIS, 1)
+    check_batch(shape, batch.of(accelerator.devices, context))
 
     seq_len = request.seq_len or 0
     with _torch_xla_unused():
@@ -179,10 +180,16 @@ def make_plan(request: Request) -> Any:
         else:
             workload = from_task(cfg)
         planner = Planner(workload)
-        estimate = planner.estimate(shape, batch.of(accelerator.devices))
+        estimate = planner.estimate(shape, batch.of(accelerator.devices, context))
         usable = accelerator.hbm_bytes_per_device * (1 - request.margin)
         smallest = {
             checkpointed: planner.smallest(accelerator.generation, batch, checkpointed, usable)
+            for checkpointed in (False, True)
+        }
+        proposed = {
+            checkpointed: planner.fitting(
+                accelerator.generation, accelerator.size, batch, checkpointed, usable
+            )
             for checkpointed in (False, True)
         }
     return Plan(
@@ -198,4 +205,5 @@ def make_plan(request: Request) -> Any:
         margin=request.margin,
         estimate=estimate,
         smallest=smallest,
+        proposed=proposed,
     )

@@ -5,7 +5,10 @@ sharding rules, `core/sharding.py`; optimizer state like its parameter), each sh
 up as XLA pads it: the same arithmetic `core/memory.py` applies to a live run's annotations.
 Activations come from `activations.py`, recorded at 2 and 3 samples per device and extended
 linearly (every activation is a per-sample tensor or a constant), so any batch costs no
-further forward pass. One sample is recorded as such: with a batch of one, some reshapes
+further forward pass. A `context` axis splits every activation over its devices: each holds
+its stretch of the tokens, and attention's keys and values (or heads) are split as much.
+Attention is counted as TPU's flash kernel keeps it (no score matrix: `core/attention.py`).
+One sample is recorded as such: with a batch of one, some reshapes
 are views where larger batches copy.
 """
 
@@ -16,7 +19,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..core import tpu_generations
-from ..core.sharding import BATCH_AXES, MeshShape, Spec, shard_shape, state_spec
+from ..core.sharding import (
+    BATCH_AXES,
+    SEQUENCE_AXIS,
+    MeshShape,
+    Spec,
+    shard_shape,
+    state_spec,
+)
 from ..core.tpu_generations import Generation
 from .activations import Recording, Saved, record
 from .workload import StateTensor, Workload
@@ -51,13 +61,14 @@ class Accelerator:
 
 @dataclass(frozen=True)
 class BatchSize:
-    """The batch as `train` takes it: per device (global = per device x devices), or global."""
+    """The batch as `train` takes it: per device (global = per device x devices, the devices
+    of a `context` group sharing their samples), or global."""
 
     per_device: int | None = None
     global_batch: int | None = None
 
-    def of(self, devices: int) -> int:
-        return self.global_batch or (self.per_device or 1) * devices
+    def of(self, devices: int, context: int = 1) -> int:
+        return self.global_batch or (self.per_device or 1) * max(1, devices // context)
 
 
 @dataclass(frozen=True)
@@ -136,10 +147,10 @@ class Planner:
         optimizer = sum(map(state_held, self.state))
         samples = check_batch(mesh, global_batch)
         first, second = self._recorded(specs, samples)
-        tensor = axes.get("tensor", 1)
+        tensor, context = axes.get("tensor", 1), axes.get(SEQUENCE_AXIS, 1)
 
         def at(one: Saved, two: Saved) -> int:
-            return _per_device(one, two, samples, tensor, held)
+            return _per_device(one, two, samples, tensor, held, context)
 
         recomputed = (at(one, two) for one, two in zip(first.blocks, second.blocks, strict=True))
         return Estimate(
@@ -200,21 +211,39 @@ class Planner:
     def smallest(
         self, generation: Generation, batch: BatchSize, checkpointed: bool, usable: float
     ) -> tuple[str, Estimate] | None:
-        """The fewest devices of `generation` this run fits, and the layout that fits there:
-        fsdp over all of them, else the smallest tensor axis within a host that makes it fit
-        (a data axis only adds copies of the state, never saves memory)."""
+        """The fewest devices of `generation` this run fits, and the layout that fits there
+        (`fitting`)."""
         for size in generation.slice_sizes:
-            devices = generation.devices(size)
-            per_host = generation.devices_per_host(size)
-            for tensor in (t for t in (1, 2, 4, 8) if t <= per_host and devices % t == 0):
-                mesh: MeshShape = (("fsdp", devices // tensor),)
+            found = self.fitting(generation, size, batch, checkpointed, usable)
+            if found is not None:
+                return f"{generation.key}-{size}", found
+        return None
+
+    def fitting(
+        self, generation: Generation, size: int, batch: BatchSize, checkpointed: bool,
+        usable: float,
+    ) -> Estimate | None:  # fmt: skip
+        """The first layout of a slice this run fits on: fsdp over every device, else the
+        smallest tensor axis within a host, else the smallest context axis (for sequences
+        whose activations one device cannot hold) with either. A data axis only adds copies
+        of the state, never saves memory."""
+        devices = generation.devices(size)
+        per_host = generation.devices_per_host(size)
+        contexts = [c for c in (1, 2, 4, 8, 16, 32, 64) if devices % c == 0]
+        for context in contexts:
+            for tensor in (
+                t for t in (1, 2, 4, 8) if t <= per_host and devices % (t * context) == 0
+            ):
+                mesh: MeshShape = (("fsdp", devices // (tensor * context)),)
+                mesh += ((SEQUENCE_AXIS, context),) if context > 1 else ()
                 mesh += (("tensor", tensor),) if tensor > 1 else ()
+                mesh = tuple((axis, n) for axis, n in mesh if n > 1) or (("fsdp", 1),)
                 try:
-                    estimate = self.estimate(mesh, batch.of(devices))
+                    estimate = self.estimate(mesh, batch.of(devices, context))
                 except ValueError:  # the model or the batch does not split this way
                     continue
                 if estimate.total(checkpointed) <= usable:
-                    return f"{generation.key}-{size}", estimate
+                    return estimate
         return None
 
 
@@ -225,13 +254,14 @@ def _axes(entry: str | tuple[str, ...] | None) -> tuple[str, ...]:
 
 
 def _per_device(
-    one: Saved, two: Saved, samples: int, tensor: int, held: Callable[[int, int], int]
-) -> int:
+    one: Saved, two: Saved, samples: int, tensor: int, held: Callable[[int, int], int],
+    context: int = 1,
+) -> int:  # fmt: skip
     """Bytes per device at `samples` samples, from recordings of 2 and 3 samples (or, given
-    the same recording twice, from that one)."""
+    the same recording twice, from that one); `context` splits every activation."""
     whole, split = one.whole, one.split
     if two is not one:
         whole += (two.whole - one.whole) * (samples - 2)
         split += (two.split - one.split) * (samples - 2)
     copies = sum(held(index, itemsize) for index, itemsize in one.copies)
-    return whole + -(-split // tensor) + copies
+    return -(-whole // context) + -(-split // (tensor * context)) + copies

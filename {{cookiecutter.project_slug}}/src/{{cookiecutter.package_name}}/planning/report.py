@@ -31,6 +31,7 @@ class Plan:
     margin: float
     estimate: Estimate
     smallest: dict[bool, tuple[str, Estimate] | None]  # by activation checkpointing
+    proposed: dict[bool, Estimate | None]  # the first layout of this slice that fits
 
     @property
     def usable_bytes(self) -> int:
@@ -39,6 +40,20 @@ class Plan:
 
     def fits(self, checkpointed: bool) -> bool:
         return self.estimate.total(checkpointed) <= self.usable_bytes
+
+    def axis_to_grow(self, checkpointed: bool) -> str | None:
+        """Where a run that does not fit should spread next: `context` when the activations
+        (which grow with the sequence) outweigh the state, `fsdp` when the state does; None
+        when it fits."""
+        if self.fits(checkpointed):
+            return None
+        estimate = self.estimate
+        state = estimate.total(checkpointed) - _activations(estimate, checkpointed)
+        return "context" if _activations(estimate, checkpointed) > state else "fsdp"
+
+
+def _activations(estimate: Estimate, checkpointed: bool) -> int:
+    return estimate.activations_checkpointed if checkpointed else estimate.activations
 
 
 def as_json(plan: Plan) -> dict[str, Any]:
@@ -62,6 +77,17 @@ def as_json(plan: Plan) -> dict[str, Any]:
         "samples_per_device": estimate.samples_per_shard,
         "per_device": per_device(estimate),
         "fits": {MODES[mode]: plan.fits(mode) for mode in MODES},
+        "grow": {MODES[mode]: plan.axis_to_grow(mode) for mode in MODES},
+        "proposed": {
+            MODES[mode]: None
+            if found is None
+            else {
+                "mesh": mesh_text(found.mesh),
+                "global_batch": found.global_batch,
+                "per_device": per_device(found),
+            }
+            for mode, found in plan.proposed.items()
+        },
         "smallest": {
             MODES[mode]: None
             if found is None
@@ -133,6 +159,18 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
             "(the model names no repeated block: activation checkpointing does not apply)"
         )
     generation = accelerator.generation.key
+    for mode, label in ((False, "no checkpointing"), (True, "activation checkpointing")):
+        grow = plan.axis_to_grow(mode)
+        proposed = plan.proposed[mode]
+        if grow is None:
+            continue
+        text = f"does not fit ({label}): grow the {grow} axis" + (
+            f"; on {accelerator.type}, mesh {mesh_text(proposed.mesh)} fits with "
+            f"{human(proposed.total(mode))} per device (global batch {proposed.global_batch})"
+            if proposed is not None
+            else f"; no layout of {accelerator.type} fits"
+        )
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
     for mode, label in ((False, "no checkpointing"), (True, "activation checkpointing")):
         found = plan.smallest[mode]
         text = "none" if found is None else (

@@ -22,6 +22,10 @@ Batch = dict[str, torch.Tensor]
 # A per-sample metric of this name weighs the others: the eval means become sums weighted by
 # it over their sum (a sample's count of loss-carrying tokens, so the eval loss is per token).
 WEIGHT = "weight"
+# A batch key: each input token's position in its document (a prepared dataset's windows
+# carry it). A task masks attention with it (`core.attention.document_segments`, or
+# `position_ids=` to a Hugging Face model); `document_masking = false` leaves it out.
+POSITIONS = "positions"
 
 
 class Task(Protocol):
@@ -105,6 +109,13 @@ def train_metrics(task: Task, model: nn.Module) -> dict[str, torch.Tensor]:
     from ..hf.moe import router_metrics  # empty for a model without experts
 
     return router_metrics(model)
+
+
+def without_documents(batch: Any) -> Any:
+    """The batch without its documents' positions (`document_masking = false`)."""
+    if isinstance(batch, dict) and POSITIONS in batch:
+        return {key: value for key, value in batch.items() if key != POSITIONS}
+    return batch
 
 
 def summarize(task: Task, means: dict[str, float]) -> dict[str, float]:

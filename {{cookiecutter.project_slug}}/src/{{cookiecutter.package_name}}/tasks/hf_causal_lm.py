@@ -10,8 +10,9 @@ instead: its weights and its tokenizer must already be in the local Hugging Face
 directory written by `save_pretrained`. Nothing is downloaded at run time.
 
 The model runs its own forward. What training on XLA needs beyond that (masks without
-device reads, no key/value cache, the decoder layer fsdp wraps, LoRA) the project does for
-every `transformers` model (`hf/`), so a task of your own gets it too.
+device reads, attention inside each document and the flash kernel on TPU, no key/value
+cache, the decoder layer fsdp wraps, LoRA) the project does for every `transformers` model
+(`hf/`), so a task of your own gets it too: pass the batch's `positions` as `position_ids`.
 
 Data: by default the Python standard library's own source files (no download). `data` takes a
 prepared dataset (`prepare`, tokenized with this task's tokenizer: any size, local or gs://), a
@@ -40,6 +41,7 @@ from ..hf.models import (
     pretrained_config,
 )
 from ..hf.moe import add_router_loss
+from . import POSITIONS
 from ._corpus import TextSplits, text_splits, token_loss, token_metrics
 
 Batch = dict[str, torch.Tensor]
@@ -122,10 +124,12 @@ class HFCausalLMTask:
         return self.splits.eval
 
     def logits(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        return model(input_ids=batch["x"]).logits  # type: ignore[no-any-return]
+        return model(input_ids=batch["x"], position_ids=batch.get(POSITIONS)).logits  # type: ignore[no-any-return]
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        output = model(input_ids=batch["x"])
+        # Positions that restart at each document keep attention inside it (no positions:
+        # the window is one text).
+        output = model(input_ids=batch["x"], position_ids=batch.get(POSITIONS))
         loss = token_loss(output.logits, batch["y"])  # -100 carries no loss
         return add_router_loss(loss, model, output)  # a mixture of experts' balancing loss
 

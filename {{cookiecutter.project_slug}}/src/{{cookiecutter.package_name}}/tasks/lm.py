@@ -1,5 +1,9 @@
 """Character language model: a small GPT with tied input/output embeddings.
 
+Attention stays inside each document of a prepared dataset's windows (`positions`: the
+blocks take the documents' segments, the position embedding counts from each document's
+start), through `core.attention`: the Pallas flash kernel on TPU, SDPA elsewhere.
+
 Data: by default the Python standard library's own source files, which every
 machine with Python has (no download). `--data` takes a prepared dataset (`prepare`:
 JSON lines, Parquet or text of any size, local or gs://), a small text file or
@@ -17,8 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..core.attention import causal_attention, document_segments
 from ..core.layers import BlockStack
 from ..core.sharding import Rule
+from . import POSITIONS
 from ._corpus import TextSplits, text_splits, token_loss, token_metrics
 
 VOCAB = 256  # bytes: every text has a vocabulary, no tokenizer needed
@@ -43,7 +49,7 @@ class CausalSelfAttention(nn.Module):
         self.out = nn.Linear(dim, dim)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
         batch, length, dim = x.shape
 {%- if cookiecutter.backend == "torch_tpu" %}
         # Head-major ([heads, q/k/v, head_dim]): split over `tensor`, each device keeps
@@ -54,12 +60,12 @@ class CausalSelfAttention(nn.Module):
         # whole heads with their own q, k and v.
         q, k, v = self.qkv(x).view(batch, length, self.heads, 3, dim // self.heads).unbind(3)
 {%- endif %}
-        y = F.scaled_dot_product_attention(
+        y = causal_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
-            is_causal=True,
-            dropout_p=self.dropout if self.training else 0.0,
+            segments,
+            dropout=self.dropout if self.training else 0.0,
         )
 {%- if cookiecutter.backend == "torch_tpu" %}
         return self.out(y.transpose(1, 2).reshape(batch, length, -1))
@@ -76,8 +82,8 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
+    def forward(self, x: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), segments)
         return x + self.mlp(self.norm2(x))
 
 
@@ -95,8 +101,14 @@ class CharGPT(nn.Module):
         nn.init.normal_(self.position, std=0.02)
         nn.init.normal_(self.embed.weight, std=0.02)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.blocks(self.embed(x) + self.position)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of `x` [batch, tokens]; with `positions` (each token's position in its
+        document), every document read as if alone."""
+        if positions is None:
+            h = self.blocks(self.embed(x) + self.position[:, : x.shape[1]])
+        else:
+            placed = F.embedding(positions, self.position[0])
+            h = self.blocks(self.embed(x) + placed, document_segments(positions))
         return self.head(self.norm(h))
 
 
@@ -153,10 +165,11 @@ class LanguageModelTask:
         return self.splits.eval
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return token_loss(model(batch["x"]), batch["y"])  # targets of -100 carry no loss
+        logits = model(batch["x"], batch.get(POSITIONS))  # documents, when the data has them
+        return token_loss(logits, batch["y"])  # targets of -100 carry no loss
 
     def metrics(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return token_metrics(model(batch["x"]), batch["y"])
+        return token_metrics(model(batch["x"], batch.get(POSITIONS)), batch["y"])
 
     def summarize(self, means: dict[str, float]) -> dict[str, float]:
         loss = means["loss"]

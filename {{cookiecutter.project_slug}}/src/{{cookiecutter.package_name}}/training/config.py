@@ -44,6 +44,9 @@ class TrainConfig:
     schedule: str = "cosine"
     grad_accum: int = 1
     grad_clip: float = 1.0
+    # Attention stays inside each document where the data says where documents start
+    # (a prepared dataset's `positions`); false: every token reads the whole window
+    document_masking: bool = True
     # Trace the step once and replay its graph (false: trace every step, as torch_xla does)
     replay_step: bool = True
     eval_every: int = 0

@@ -12,7 +12,7 @@ from torch import nn
 from ..core import DeviceFeeder, Precision, Strategy, eval_dataloader, ops
 from ..core.data import VALID_KEY
 from ..core.launcher import Plan
-from ..tasks import WEIGHT, Task, block_class, load_task, summarize
+from ..tasks import WEIGHT, Task, block_class, load_task, summarize, without_documents
 from .config import TrainConfig
 
 SAMPLES = "__samples__"  # the weight of the real samples (their count), beside the metrics
@@ -41,6 +41,7 @@ class Evaluator:
         self.strategy = strategy
         self.precision = precision
         self.host_read = host_read
+        self.documents = config.document_masking
         replicas, rank = strategy.data_layout()
         loader = eval_dataloader(
             task.eval_dataset(),
@@ -87,7 +88,10 @@ class Evaluator:
     def _batch_sums(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The batch's metric sums over its real samples, and their count."""
         valid = batch[VALID_KEY].float()
-        inputs = self.precision.convert_batch({k: v for k, v in batch.items() if k != VALID_KEY})
+        inputs = {k: v for k, v in batch.items() if k != VALID_KEY}
+        inputs = self.precision.convert_batch(
+            inputs if self.documents else without_documents(inputs)
+        )
         with self.precision.forward_context():
             per_sample = self.task.metrics(model, inputs)
         rows = valid.shape[0]

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..core import Precision, ReplayedStep, Strategy, ops
-from ..tasks import Task, train_metrics
+from ..tasks import Task, train_metrics, without_documents
 from .config import TrainConfig
 
 Batch = Any
@@ -68,6 +68,8 @@ class TrainStep:
         accum = len(batches)
         losses, numbers = [], []
         for batch in batches:
+            if not self.config.document_masking:
+                batch = without_documents(batch)
             batch = self.precision.convert_batch(batch)
             with self.precision.forward_context():
                 loss = self.task.loss(self.model, batch)

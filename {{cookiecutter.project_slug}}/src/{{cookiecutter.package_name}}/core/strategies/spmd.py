@@ -2,7 +2,9 @@
 
 Parameters are laid out by the sharding rules (`core/sharding.py`): with only a `data`
 axis every parameter is replicated and each batch is split (data parallel); a `tensor`
-axis splits the matrices the rules name. `fsdp` (fsdp.py) is the same with an `fsdp` axis.
+axis splits the matrices the rules name; a `context` axis splits every sequence, its
+tokens' activations pinned that way block by block. `fsdp` (fsdp.py) is the same with an
+`fsdp` axis.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .. import runtime, tying
 from ..runtime import RuntimeConfigError
 from ..sharding import (
     BATCH_AXES,
+    SEQUENCE_AXIS,
     MeshShape,
     Rule,
     Spec,
@@ -58,7 +61,9 @@ class SpmdDataParallel(Strategy):
             raise RuntimeConfigError(
                 "a mesh with an 'fsdp' axis shards the model: use --strategy fsdp"
             )
-        if axes and cls.sharded_axis not in axes:
+        # A mesh of sequences alone (`context=8`) is data parallel over nothing: spmd's.
+        alone = cls.name == "spmd" and set(axes) == {SEQUENCE_AXIS}
+        if axes and cls.sharded_axis not in axes and not alone:
             raise RuntimeConfigError(
                 f"strategy {cls.name!r} needs a {cls.sharded_axis!r} axis in its mesh, "
                 f"got {mesh_text(strategy.mesh_request)!r}"
@@ -116,6 +121,7 @@ class SpmdDataParallel(Strategy):
             else:
                 sizes = tuple(size for _, size in shape)
                 self._mesh = xs.Mesh(np.arange(int(np.prod(sizes))), sizes, names)
+            xs.set_global_mesh(self._mesh)  # where kernels (core/attention.py) find it
         return self._mesh
 
     def mesh_axes(self) -> dict[str, int]:
@@ -125,6 +131,14 @@ class SpmdDataParallel(Strategy):
         """The mesh axes a batch's first dimension is split over (None: not split)."""
         axes = tuple(axis for axis, size in self.mesh_shape() if axis in BATCH_AXES)
         return None if not axes else axes[0] if len(axes) == 1 else axes
+
+    def token_spec(self, tensor: torch.Tensor) -> tuple[Any, ...]:
+        """The layout of a batch-first tensor: its batch over the batch axes and, with a
+        `context` axis, its second dimension (the tokens) over that."""
+        spec: list[Any] = [self.batch_axes()] + [None] * (tensor.dim() - 1)
+        if tensor.dim() > 1 and self.mesh_axes().get(SEQUENCE_AXIS, 1) > 1:
+            spec[1] = SEQUENCE_AXIS
+        return tuple(spec)
 
     def describe(self) -> str:
         return f"{super().describe()}, mesh {mesh_text(self.mesh_shape())}"
@@ -138,7 +152,10 @@ class SpmdDataParallel(Strategy):
         return runtime.process_count(), runtime.process_index()
 
     def local_devices(self) -> int:
-        return runtime.addressable_device_count()
+        # The devices of a `context` group share their samples (each holds a stretch of
+        # every one): a process feeds one batch per group.
+        context = self.mesh_axes().get(SEQUENCE_AXIS, 1)
+        return max(1, runtime.addressable_device_count() // context)
 
     def input_sharding(self, sample: Any) -> Any:
         import torch_xla.distributed.spmd as xs
@@ -148,7 +165,7 @@ class SpmdDataParallel(Strategy):
         partial = any(axis not in BATCH_AXES for axis in every_axis)
 
         def spec(tensor: torch.Tensor) -> Any:
-            dims = (self.batch_axes(),) + (None,) * (tensor.dim() - 1)
+            dims = self.token_spec(tensor)
             if tensor.dim() == 1 and partial:
                 # torch_xla 2.9's ShardingSpec cannot replicate a 1-D tensor over the other
                 # axes ("too many indices for tensor of dimension 1"): split it over all of
@@ -172,13 +189,14 @@ class SpmdDataParallel(Strategy):
         activation_checkpointing: bool = False,
         rules: Sequence[Rule] = (),
     ) -> tuple[nn.Module, tying.TieReport]:
-        """Move the model, lay every parameter out by the rules, and where parameters are
-        split, pin each block's output to the batch layout."""
+        """Move the model, lay every parameter out by the rules, and where parameters or
+        sequences are split, pin each block's output to the batch layout."""
         report = tying.move_and_retie(model, runtime.device())
         if activation_checkpointing:
             checkpoint_blocks(model, block_class)
         self.place_parameters(model, rules)
-        if any(any(entry is not None for entry in spec) for spec in self.specs.values()):
+        split = any(any(entry is not None for entry in spec) for spec in self.specs.values())
+        if split or self.mesh_axes().get(SEQUENCE_AXIS, 1) > 1:
             for module in [*blocks_of(model, block_class), model]:
                 self._constrain(module)
         return model, report
@@ -200,15 +218,15 @@ class SpmdDataParallel(Strategy):
             xs.mark_sharding(params[key], self.mesh(), spec)
 
     def _constrain(self, module: nn.Module) -> None:
-        """Keep `module`'s output split over the batch axes (whole over `tensor`), and put an
-        optimization barrier before its gradients are reduced, as FSDPv2 does per block."""
+        """Keep `module`'s output split over the batch axes (whole over `tensor`; its tokens
+        over `context`), and put an optimization barrier before its gradients are reduced,
+        as FSDPv2 does per block."""
         import torch_xla.distributed.spmd as xs
 
         def pin(_: nn.Module, inputs: Any, output: Any) -> None:
             tensor = _first_tensor(output)
             if tensor is not None and tensor.dim() > 0:
-                spec = (self.batch_axes(),) + (None,) * (tensor.dim() - 1)
-                xs.mark_sharding(tensor, self.mesh(), spec)
+                xs.mark_sharding(tensor, self.mesh(), self.token_spec(tensor))
 
         module.register_forward_hook(pin)
         xs.apply_backward_optimization_barrier(module)

@@ -1,0 +1,93 @@
+"""`transformers` attention through the project's kernel selection: flash on TPU, SDPA elsewhere.
+
+transformers lets a backend register an attention function by name
+(`AttentionInterface.register`) and the mask each forward builds for it
+(`AttentionMaskInterface.register`); a model set to that name calls it in every layer. The
+function registered here hands the layer's queries, keys and values to
+`core.attention.causal_attention`, with the documents read from the `position_ids` every
+decoder passes down (a new document wherever a position is not the one before plus one,
+transformers' own rule for packed sequences): the Pallas flash kernel on TPU, SDPA with a
+block-diagonal causal mask elsewhere. Its mask is only the 2-D padding mask a task may give
+(padded tokens become a segment of their own), so no [tokens x tokens] mask is built.
+
+Layers whose attention is more than causal within documents (sliding windows, chunks, logit
+soft-capping, attention sinks, bidirectional parts) keep transformers' SDPA and its masks,
+which honour documents through the same position ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import HFConfigError
+
+NAME = "xla_documents"
+# Config fields that make attention more than causal within documents, when set.
+BEYOND_CAUSAL = ("attn_logit_softcapping", "attention_chunk_size")
+
+
+def plain_causal(config: Any) -> bool:
+    """Whether every layer of a model with `config` attends causally within documents only."""
+    if not getattr(config, "is_causal", True):
+        return False
+    layer_types = getattr(config, "layer_types", None) or ()
+    if any(kind != "full_attention" for kind in layer_types):
+        return False
+    if any(getattr(config, name, None) for name in BEYOND_CAUSAL):
+        return False
+    return not (
+        getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+    )
+
+
+def register() -> None:
+    """Make `NAME` an attention implementation transformers knows (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, documents_attention)
+    AttentionMaskInterface.register(NAME, padding_mask)
+
+
+def padding_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor | None:
+    """The task's 2-D padding mask as it is (None without one): read without a device read."""
+    return None if attention_mask is None else attention_mask[:, -kv_length:]
+
+
+def documents_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    position_ids: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """One layer's attention ([batch, heads, tokens, dim] in; [batch, tokens, heads, dim] out,
+    as transformers' attention functions return it)."""
+    from ..core.attention import causal_attention, document_segments
+
+    if kwargs.get("s_aux") is not None:
+        raise HFConfigError(f"{type(module).__name__} has attention sinks: run it with sdpa")
+    batch, tokens = query.shape[0], query.shape[2]
+    segments = None
+    if position_ids is not None:
+        segments = document_segments(position_ids.expand(batch, tokens))
+    if attention_mask is not None:  # padded tokens: a segment of their own, read by no other
+        valid = attention_mask.to(torch.bool).expand(batch, tokens)
+        base = segments if segments is not None else torch.zeros_like(valid, dtype=torch.int32)
+        segments = torch.where(valid, base, torch.full_like(base, -1))
+    out = causal_attention(query, key, value, segments, scale=scaling, dropout=dropout)
+    return out.transpose(1, 2).contiguous(), None
