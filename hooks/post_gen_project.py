@@ -114,6 +114,7 @@ TORCH_XLA_ONLY = (
     "tests/test_makefile.py",
     "tests/test_readme.py",
     "tests/test_goodput.py",
+    "tests/test_attention.py",
 )
 OTHER_BACKEND_PRUNE = {"torch_tpu": TORCH_XLA_ONLY}
 
