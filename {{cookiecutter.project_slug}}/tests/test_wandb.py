@@ -76,7 +76,7 @@ def test_preempted_run_resumed_on_another_vm_continues_its_wandb_run(
     config = write_config(
         tmp_path, max_steps=STEPS, log_every=1, eval_every=4, checkpoint_every=4, seed=3,
         goodput="local",
-    )
+    )  # fmt: skip
     args = ("train", "--config", str(config), "--checkpoint-dir", remote, "--resume", "auto")
     args += (*WANDB, "--set", "wandb.project=week1", "--set", 'wandb.tags=["spot"]')
     first, second = tmp_path / "first-vm", tmp_path / "second-vm"

@@ -193,7 +193,7 @@ class ReplayedStep:
         uninterrupted run's. Each gets a copy of its value, read once and uploaded uncached.
         """
         X = _xlac()
-        seen: set[str] = set()
+        seen: set[tuple[str, Any]] = set()
         shared = []
         for tensor in live:
             key = _data_id(tensor)
