@@ -9,6 +9,10 @@ The emulator lacks `objects.move`, which gcsfs >= 2026.3 uses for every rename (
 torch.distributed.checkpoint renames its `.metadata` at the end of each save): the 501 answer is
 retried for about 30 s before gcsfs copies and deletes instead. Run as a script, this module
 starts the emulator with that one call added, done the same way: copy, then delete.
+
+`gcs_emulator.holding(name)` holds the upload of one object: the emulator stops at it (a
+client writing it waits, provably mid-write) until the block ends, then drops it unstored,
+as the upload of a machine that died is never completed.
 """
 
 import importlib.util
@@ -23,6 +27,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -31,6 +36,7 @@ from typing import Any
 import pytest
 
 REQUIRE_VARIABLE = "REQUIRE_GCS_EMULATOR"
+HOLDS_VARIABLE = "GCS_EMULATOR_HOLDS"  # the emulator's folder of held uploads (see `Hold`)
 # gcsfs >= 2026.3 asks the bucket's storage layout over gRPC before opening a file. The emulator
 # speaks HTTP only, so each ask retries for 60 s and is not cached. gcsfs reads this switch once,
 # at import: set it before anything imports gcsfs.
@@ -71,10 +77,47 @@ def _answers(url: str) -> bool:
 
 
 @dataclass
+class Hold:
+    """An upload the emulator holds, in its folder of holds: `name` names the object
+    (`BUCKET/OBJECT`), `held` appears when its upload arrives, and `release` is a FIFO the
+    test keeps open: the emulator reads it to its end, then drops the upload."""
+
+    folder: Path
+
+    def wait(self, process: subprocess.Popen[str]) -> None:
+        """Return once the upload is held (the emulator waits: the condition lasts)."""
+        deadline = time.monotonic() + 600
+        while not (self.folder / "held").exists():
+            if process.poll() is not None:
+                output = process.communicate()[0] if process.stdout else ""
+                pytest.fail(f"exited {process.returncode} before the held upload:\n{output}")
+            if time.monotonic() > deadline:
+                process.kill()
+                pytest.fail("the held upload never came")
+            time.sleep(0.01)
+
+
+@dataclass
 class GcsEmulator:
     """A running emulator: its endpoint for STORAGE_EMULATOR_HOST."""
 
     endpoint: str
+    holds: Path
+
+    @contextmanager
+    def holding(self, name: str) -> Iterator[Hold]:
+        """Hold the upload of `name` (`BUCKET/OBJECT`) until the block ends; then drop it."""
+        release = self.holds / "release"
+        os.mkfifo(release)
+        end = os.open(release, os.O_RDWR)  # the emulator's read waits until it is closed
+        (self.holds / "name").write_text(name)
+        try:
+            yield Hold(self.holds)
+        finally:
+            (self.holds / "name").unlink()
+            release.unlink()
+            os.close(end)
+            (self.holds / "held").unlink(missing_ok=True)
 
     def create_bucket(self, name: str) -> str:
         """Create bucket `name` and return its `gs://` URL."""
@@ -89,15 +132,16 @@ class GcsEmulator:
         return f"gs://{name}"
 
 
-def _start(log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start(log: Path, holds: Path) -> tuple[subprocess.Popen[bytes], str]:
     """Start the emulator; a port taken between choosing and binding it gets one more try."""
     for _ in range(3):
         port = _free_port()
         endpoint = f"http://{HOST}:{port}"
         command = [sys.executable, __file__, "start", "--host", HOST]
         command += ["--port", str(port), "--in-memory", "--quiet"]
+        env = {**os.environ, HOLDS_VARIABLE: str(holds)}
         with log.open("wb") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + START_TIMEOUT
         while process.poll() is None and time.monotonic() < deadline:
             if _answers(f"{endpoint}/"):
@@ -125,9 +169,12 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulat
     if missing:
         needed = ", ".join(missing)
         require_or_skip(f"the GCS emulator tests need {needed}: pip install -e '.[dev]'")
-    process, endpoint = _start(tmp_path_factory.mktemp("gcs-emulator") / "emulator.log")
+    folder = tmp_path_factory.mktemp("gcs-emulator")
+    holds = folder / "holds"
+    holds.mkdir()
+    process, endpoint = _start(folder / "emulator.log", holds)
     try:
-        yield GcsEmulator(endpoint)
+        yield GcsEmulator(endpoint, holds)
     finally:
         _stop(process)
 
@@ -170,14 +217,44 @@ def _move(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) 
         storage.delete_file(params["bucket_name"], params["object_id"])
 
 
+class DroppedUpload(ConnectionAbortedError):
+    """A held upload, dropped: the client that sent it is gone."""
+
+
+def _hold_uploads(holds: Path) -> None:
+    """Every object is stored through Storage.create_file: hold the one `holds/name` names."""
+    from gcp_storage_emulator.storage import Storage
+
+    create_file = Storage.create_file
+
+    def create(self: Any, bucket_name: str, file_name: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            held = (holds / "name").read_text() == f"{bucket_name}/{file_name}"
+        except FileNotFoundError:
+            held = False
+        if not held:
+            return create_file(self, bucket_name, file_name, *args, **kwargs)
+        (holds / "held").touch()
+        try:
+            with (holds / "release").open("rb") as release:
+                release.read()  # end-of-file when the test ends the hold
+        except FileNotFoundError:
+            pass  # ended already
+        raise DroppedUpload(f"held upload of {bucket_name}/{file_name} dropped")
+
+    Storage.create_file = create
+
+
 def serve(argv: list[str]) -> None:
-    """Run `gcp-storage-emulator argv...` with objects.move added."""
+    """Run `gcp-storage-emulator argv...` with objects.move added, and uploads held on ask."""
     from gcp_storage_emulator import server
     from gcp_storage_emulator.__main__ import main
 
     move = r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)/moveTo/o/"
     move += r"(?P<dest_object_id>.*[^/]+)$"
     server.HANDLERS = ((move, {server.POST: _move}), *server.HANDLERS)
+    if os.environ.get(HOLDS_VARIABLE):
+        _hold_uploads(Path(os.environ[HOLDS_VARIABLE]))
     main(argv)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from data_helpers import (
     write_jsonl,
     write_parquet,
 )
+from gates import open_when_read
 from training_helpers import cli_env
 
 runner = CliRunner()
@@ -191,18 +193,26 @@ def test_hub_data_without_datasets_says_what_to_install(tmp_path: Path) -> None:
 
 def test_interrupted_prepare_leaves_nothing_behind(tmp_path: Path) -> None:
     """It removes its work when stopped by SIGTERM: no dataset, no partial folder."""
-    source = corpus_jsonl(tmp_path, count=60_000)
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare", str(source)]
+    corpus = tmp_path / "corpus"
+    corpus_jsonl(corpus)
+    # A folder's files are read in order: prepare blocks on the FIFO, which the test feeds
+    # half a record and never ends, so prepare is provably mid-read when the signal comes.
+    fifo = corpus / "more.jsonl"
+    os.mkfifo(fifo)
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare", str(corpus)]
     process = subprocess.Popen(
         [*command, "--out", str(tmp_path / "out"), "--num-proc", "1"],
         env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    assert process.stdout is not None
-    for line in process.stdout:  # the corpus is read: tokenizing has begun
-        if "documents (text)" in line:
-            break
-    process.send_signal(signal.SIGTERM)
-    output = process.communicate(timeout=120)[0]
+    feed = open_when_read(fifo, process)
+    try:
+        os.write(feed, b'{"text": "half a rec')
+        assert list(tmp_path.glob(".partial-*")), "prepare had started no work"
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=120)[0]
+    finally:
+        os.close(feed)
+        process.kill()
     assert process.returncode == 130, output
     assert "error: interrupted: nothing was written" in output
     assert not (tmp_path / "out").exists()
