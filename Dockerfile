@@ -22,9 +22,9 @@ RUN useradd --create-home --uid 10001 --shell /bin/bash tester
 WORKDIR /home/tester/tpu-template
 USER 10001
 
-# The virtual environment (torch, torch_xla, cookiecutter...) changes only with
-# requirements-dev.txt, so it gets its own cached layer.
-COPY --chown=10001:10001 Makefile requirements-dev.txt ./
+# The virtual environments (torch, torch_xla, cookiecutter...; SkyPilot apart) change only with
+# requirements-dev.txt and requirements-sky.txt, so they get their own cached layer.
+COPY --chown=10001:10001 Makefile requirements-dev.txt requirements-sky.txt ./
 RUN make venv
 
 COPY --chown=10001:10001 . .

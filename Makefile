@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# SkyPilot's client, apart (its click pin clashes with requirements-dev.txt): the spot tests
+# parse the baked tasks with it.
+SKY_VENV ?= .venv-sky
+SKY_STAMP := $(SKY_VENV)/.installed
 DEMO_DIR := build/demo
 BENCH_DIR := build/bench
 BENCH_ARGS ?=
@@ -25,15 +29,20 @@ $(STAMP): requirements-dev.txt
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	touch $(STAMP)
 
-venv: $(STAMP) ## Create the virtual environment with everything the tests need
+$(SKY_STAMP): requirements-sky.txt
+	test -x $(SKY_VENV)/bin/python || $(PYTHON) -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/python -m pip install --quiet -r requirements-sky.txt
+	touch $(SKY_STAMP)
 
-test: $(STAMP) ## Run every template test (sets itself up on a fresh machine)
+venv: $(STAMP) $(SKY_STAMP) ## Create the virtual environments with everything the tests need
+
+test: $(STAMP) $(SKY_STAMP) ## Run every template test (sets itself up on a fresh machine)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m "not pythons" $(PYTEST_ARGS)
 
 test-pythons: $(STAMP) ## Bakes for Python 3.10 and 3.12: make install && make test-fast, the user's way
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m pythons $(PYTEST_ARGS)
 
-test-fast: $(STAMP) ## The template tests without the Docker and gcloud tiers and the baked suites
+test-fast: $(STAMP) $(SKY_STAMP) ## The template tests without the Docker and gcloud tiers and the baked suites
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m "not docker and not gcloud and not suite and not pythons" $(PYTEST_ARGS)
 
 test-docker: $(STAMP) ## Run only the Docker tier (builds and runs the baked project's image)

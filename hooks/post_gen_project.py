@@ -27,6 +27,7 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
         "src/{package}/tasks/hf_causal_lm.py",
         "tests/test_task_hf_causal_lm.py",
         "tests/test_hf_models.py",
+        "tests/test_hf_moe.py",
         "tests/test_lora.py",
         "tests/test_hf_export.py",
         "tests/hf_helpers.py",
@@ -40,6 +41,11 @@ TEXT_TASK_FILES = (
     "tests/data_helpers.py",
     "tests/test_data_prepare.py",
     "tests/test_data_training.py",
+    "tests/test_data_ray.py",
+    "configs/ray-cluster.yaml",
+    "scripts/ray-node.sh",
+    "benchmarks/data_bench.py",
+    "benchmarks/read_bench.py",
 )
 
 

@@ -13,7 +13,7 @@ from helpers import TEMPLATE_DIR, tool_env
 def test_make_bench_compares_the_trainer_with_the_hand_written_loop(tmp_path: Path) -> None:
     """It prints the markdown tables and writes JSON with every contender's XLA counters,
     time to first step, and the depth sweep with scanned losses equal to unrolled ones;
-    with --profile, each contender's host time per step, side by side."""
+    with --profile, each contender's wall and host time per step, side by side."""
     out = tmp_path / "bench"
     result = subprocess.run(
         [
@@ -36,7 +36,7 @@ def test_make_bench_compares_the_trainer_with_the_hand_written_loop(tmp_path: Pa
     assert contenders["trainer"]["compilations"] == 1
     assert all(row["fallback_ops"] == {} for row in contenders.values())
     assert (out / "bench.md").read_text().count("| mlp |") == 3
-    assert all(row["first_step"] > 0 for row in contenders.values())
+    assert all(row["first_step"] > 0 and row["host_ms"] > 0 for row in contenders.values())
     sweep = {(row["blocks"], row["scanned"]): row for row in written["depths"]}
     assert set(sweep) == {(2, False), (2, True), (4, False), (4, True)}
     for blocks in (2, 4):
@@ -47,7 +47,10 @@ def test_make_bench_compares_the_trainer_with_the_hand_written_loop(tmp_path: Pa
             assert abs(scanned - plain) <= 1e-5 * abs(plain)
     assert "| 4 |" in result.stdout and "first step scanned" in result.stdout
     profile = (out / "profile.md").read_text().splitlines()
-    assert profile[0].startswith("### mlp: host time per steady-state step")
+    assert profile[0].startswith("### mlp: time per steady-state step")
     assert profile[2] == "| function | hand-written | trainer | accelerate |"
-    functions = [line for line in profile[5:] if line.startswith("| `")]
+    assert profile[4].startswith("| **wall** |")
+    assert profile[5].startswith("| **host (main thread CPU)** |")
+    assert all(float(cell) > 0 for cell in profile[5].split("|")[2:5])
+    functions = [line for line in profile[7:] if line.startswith("| `")]
     assert len(functions) >= 5 and all(line.count("|") == 5 for line in functions)

@@ -1,12 +1,13 @@
 """Steps/s of the training loop beside a hand-written torch_xla loop and Accelerate, on XLA:CPU.
 
-    python benchmarks/bench.py [--workloads mlp,task,spmd,fsdp,ckpt,hf-llama] [--rounds 5]
-                               [--out runs/bench] [--profile]
+    python benchmarks/bench.py [--workloads mlp,task,spmd,fsdp,ckpt,hf-llama,hf-moe]
+                               [--rounds 5] [--out runs/bench] [--profile]
 
 Workloads: an MLP on one device, the example task on one device, the MLP data parallel
 on 8 SPMD devices, the example task under FSDP on 8 devices (its hand-written
-contender is an FSDPv2 loop as torch_xla documents it), and a Hugging Face Llama on one
-device (skipped where transformers is not installed); "vs reference" is the ratio to
+contender is an FSDPv2 loop as torch_xla documents it), and a Hugging Face Llama and
+Mixtral (a mixture of experts) on one device (skipped where transformers is not
+installed); "vs reference" is the ratio to
 the hand-written loop. The ckpt workload runs the training loop on the example task
 without saves (its reference), then saving every 10 steps synchronously, then in the
 background (async_checkpoint). Every contender trains the
@@ -40,7 +41,7 @@ from {{ cookiecutter.package_name }}.training import TrainConfig, fit
 
 from contenders import CONTENDERS
 from profiling import per_step, report
-from report import depth_table, table, verdict
+from report import MODEL_KEYS, depth_table, table, verdict
 from workloads import (
     CONFIG,
     DEPTH_STEPS,
@@ -105,6 +106,7 @@ def measure(workload: str, rounds: int | None) -> list[dict[str, Any]]:
     for name in contenders:
         cold = run_worker(workload, [name], 1)[name][0]
         rates = [run["rate"] for run in timed[name]]
+        host = [run["host_ms"] for run in timed[name]]
         rows.append(
             {
                 "workload": workload,
@@ -112,12 +114,14 @@ def measure(workload: str, rounds: int | None) -> list[dict[str, Any]]:
                 "steps_per_run": total,
                 "rounds": rates,
                 "median": statistics.median(rates),
+                "host_ms": statistics.median(host),
                 "compilations": cold["compilations"],
                 "first_step": cold["first_step"],
                 "eval_graphs": cold.get("eval_graphs"),
                 "fallback_ops": cold["fallback_ops"],
                 "transfers_per_step": cold["transfers"] / total,
                 "outside_logging_per_step": (cold["transfers"] - log_reads(total)) / total,
+                "model": {k: cold[k] for k in MODEL_KEYS if k in cold},  # the trainer's count
             }
         )
     for row in rows:

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from {{ cookiecutter.package_name }}.core import health, make_plan, move_to_device
 from {{ cookiecutter.package_name }}.hf import is_hf_model, unwrap
 from {{ cookiecutter.package_name }}.hf.masks import static_masks
+from {{ cookiecutter.package_name }}.hf.moe import experts_modules, prepare_experts
 from {{ cookiecutter.package_name }}.training import TrainConfig, fit
 from {{ cookiecutter.package_name }}.training.optim import lr_lambda
 
@@ -25,12 +26,14 @@ from workloads import CHECKPOINT_EVERY, CONFIG, LOG_EVERY, STRATEGY, WARMUP_STEP
 class Clock:
     """Starts after the warm-up steps with the device idle; stops when it is idle again.
 
-    It also reads XLA's counters over the whole loop, warm-up included.
+    It also reads XLA's counters over the whole loop, warm-up included, and this thread's
+    CPU time over the timed steps: the host's time per step, which waiting costs none of.
     """
 
     def __init__(self, total: int) -> None:
         self.total = total
         self.start = 0.0
+        self.host_start = 0.0
         self.began = time.perf_counter()
         self.first_step = 0.0
         self.health = health.snapshot()
@@ -50,14 +53,22 @@ class Clock:
             torch_xla.sync()
             xm.wait_device_ops()
             self.start = time.perf_counter()
+            self.host_start = time.thread_time()
 
     def result(self) -> dict[str, Any]:
         import torch_xla.core.xla_model as xm
 
+        host = time.thread_time() - self.host_start
         xm.wait_device_ops()
-        rate = (self.total - WARMUP_STEPS) / (time.perf_counter() - self.start)
+        steps = self.total - WARMUP_STEPS
+        rate = steps / (time.perf_counter() - self.start)
         delta = health.snapshot().since(self.health)
-        return {"rate": rate, "first_step": self.first_step, **delta.__dict__}
+        return {
+            "rate": rate,
+            "host_ms": host * 1e3 / steps,
+            "first_step": self.first_step,
+            **delta.__dict__,
+        }
 
 
 def optimizer_and_schedule(model: nn.Module, total: int) -> tuple[Any, Any]:
@@ -125,12 +136,15 @@ def for_xla_by_hand(model: nn.Module) -> nn.Module:
     The mask fix: `static_masks()` has transformers build attention masks from tensors.
     Without it every forward reads the device (its packed-sequence check), which cuts
     each step in two graphs and waits for the device. The key/value cache is off: a
-    training step never reads it.
+    training step never reads it. A mixture of experts gets the same static experts and
+    router loss as the training loop (`hf/moe.py`): the loops differ, not the model.
     """
     if not is_hf_model(model):
         return model
     static_masks()
     unwrap(model).config.use_cache = False
+    if experts_modules(model):
+        prepare_experts(model)
     return model
 
 
@@ -221,11 +235,15 @@ def trainer(task: Any, total: int, devices: int, workload: str, saves: str = "")
     # Its timer starts after step 3 too; its loop counters exclude the final eval and save.
     return {
         "rate": float(summary["steps_per_second"]),
+        "host_ms": float(summary["host_ms_per_step"]),
         "compilations": summary["loop_compilations"],
         "transfers": summary["loop_transfers"],
         "fallback_ops": summary["fallback_ops"],
         "eval_graphs": summary["compilations"] - summary["loop_compilations"],
         "first_step": summary["time_to_first_step_s"],
+        "flops_per_step": summary["throughput"]["flops_per_step"],
+        "tokens_per_step": summary["global_batch"] * (getattr(task, "tokens_per_sample", 0) or 0),
+        "parameters": summary["parameters"],
     }
 
 

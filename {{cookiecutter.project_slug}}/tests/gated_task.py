@@ -1,21 +1,25 @@
-"""Gated: another task whose training stops at a gate the test holds (tests/gates.py).
+"""Gated: another task whose training data stops at a gate the test holds (tests/gates.py).
 
 The tests copy this module into a copy of the package as `tasks/gated.py`, as a user adds a
 task. Options: `inner` (the task trained), `gate` (a FIFO), `gate_after` (training steps
-before the gate); the rest go to the inner task. The loop calls the task's loss once per
-step on the device (no gradient accumulation), on its own thread, in step order: the first
-`gate_after` steps run at once, and the next one touches `<gate>.reached` and waits inside
-its loss until the test releases the gate. However far the data is read ahead, the run is
-provably inside that step, and cannot finish before the test lets it. Everything else is
-the inner task's, unchanged, so losses equal an inner task's run.
+before the gate), `grad_accum` (batches per step); the rest go to the inner task.
+
+The gate is in the data, where Python runs at every step: the step itself is traced once
+and then replayed, so Python inside the loss runs on the first steps only. The loader asks
+the dataset for each batch at once (`__getitems__`); batches read on the main thread are
+the loop's look at one sample batch before training, the others are the training batches,
+read ahead on the feeder's thread. The read of the batch of step `gate_after + 1` touches
+`<gate>.reached` and waits until the test releases the gate: the run cannot train that
+step, nor finish, before the test lets it, however far ahead the rest was read. Everything
+else is the inner task's, unchanged, so losses equal an inner task's run.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-import torch
-from torch import nn
+from torch.utils.data import Dataset, IterableDataset
 
 from {{ cookiecutter.package_name }}.tasks import Batch, Task, load_task
 
@@ -31,32 +35,58 @@ def wait_at(gate: str) -> None:
         pass  # released before this process got here, or a later run
 
 
-class GatedTask:
-    """The inner task, its training loss waiting at the gate in step `after + 1`."""
+class GatedData(Dataset[Batch]):
+    """The inner training set; the read of training batch `at` waits at the gate."""
 
-    name = "gated"
+    def __init__(self, inner: Any, gate: str, at: int) -> None:
+        self.inner, self.gate, self.at = inner, gate, at
+        self.batches = 0  # training batches read (not on the main thread)
 
-    def __init__(self, inner: Task, gate: str, after: int) -> None:
-        self.inner = inner
-        self.gate = gate
-        self.after = after
-        self.steps = 0  # losses computed on the device: training steps
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> Batch:
+        return self.inner[index]  # type: ignore[no-any-return]
+
+    def __getitems__(self, indices: list[int]) -> list[Batch]:
+        if threading.current_thread() is not threading.main_thread():
+            self.batches += 1
+            if self.batches == self.at:
+                wait_at(self.gate)
+        return [self.inner[index] for index in indices]
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (a copy being built): no recursion
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        # FLOP counting runs the loss once on the meta device: not a step.
-        if next(iter(batch.values())).device.type == "xla":
-            self.steps += 1
-            if self.steps == self.after + 1:
-                wait_at(self.gate)
-        return self.inner.loss(model, batch)
+
+class GatedTask:
+    """The inner task, its training data waiting at the gate in step `after + 1`."""
+
+    name = "gated"
+
+    def __init__(self, inner: Task, gate: str, after: int, accum: int) -> None:
+        self.inner, self.gate, self.after, self.accum = inner, gate, after, accum
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def train_dataset(self) -> GatedData:
+        data = self.inner.train_dataset()
+        if isinstance(data, IterableDataset):
+            raise TypeError("the task gated gates map-style training sets only")
+        return GatedData(data, self.gate, self.after * self.accum + 1)
 
 
 def make_task(
-    data: str = "", inner: str = "", gate: str = "", gate_after: int = 0, **options: Any
+    data: str = "",
+    inner: str = "",
+    gate: str = "",
+    gate_after: int = 0,
+    grad_accum: int = 1,
+    **options: Any,
 ) -> GatedTask:
-    return GatedTask(load_task(inner, data, options), gate, gate_after)
+    return GatedTask(load_task(inner, data, options), gate, gate_after, grad_accum)

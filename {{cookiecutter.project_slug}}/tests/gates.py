@@ -19,6 +19,7 @@ from pathlib import Path
 # Guards against a process that never reaches the gate (a failure, reported as one).
 PATIENCE = 600.0
 POLL = 0.01
+DEVICE_GROUP = 8  # batches torch_xla's MpDeviceLoader sends to the device at once
 
 
 class Gate:
@@ -32,7 +33,14 @@ class Gate:
     """
 
     def __init__(self, path: Path, steps: int) -> None:
-        """A gate for a run of the task `gated`: `steps` training steps run before it."""
+        """A gate for a run of the task `gated`: `steps` training steps run before it.
+
+        torch_xla's MpDeviceLoader moves batches to the device in groups of
+        DEVICE_GROUP (its device_prefetch_size): a batch held back holds its whole group, so
+        the gate comes after whole groups, or the run would wait before the steps it allows.
+        """
+        if steps < DEVICE_GROUP or steps % DEVICE_GROUP:
+            raise ValueError(f"a gate comes after a multiple of {DEVICE_GROUP} steps, not {steps}")
         self.path = path
         self.reached = path.with_name(path.name + ".reached")
         self.steps = steps
@@ -58,6 +66,19 @@ class Gate:
         os.unlink(self.path)
         os.close(self._end)  # waiting readers read end-of-file
         self._end = None
+
+
+def wait_for_line(process: subprocess.Popen[str], log: Path, text: str) -> None:
+    """Return once `log` (the output of `process`) holds `text`: a line the process writes
+    before a gate it cannot pass, so waiting for it is no race."""
+    deadline = time.monotonic() + PATIENCE
+    while text not in log.read_text():
+        if process.poll() is not None:
+            raise _died(process, f"printing {text!r}", log)
+        if time.monotonic() > deadline:
+            process.kill()
+            raise _died(process, f"printing {text!r} within {PATIENCE:.0f} s", log)
+        time.sleep(POLL)
 
 
 def _died(

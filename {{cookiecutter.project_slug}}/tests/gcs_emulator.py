@@ -2,17 +2,20 @@
 
 `gcs_emulator` (session) runs `gcp-storage-emulator` in a subprocess on a free 127.0.0.1 port;
 `gcs_bucket` creates an empty bucket, points gcsfs at the emulator for the test and every
-subprocess it starts, and yields `gs://<bucket>`. Without gcsfs or the emulator the tests skip,
-unless REQUIRE_GCS_EMULATOR=1 makes that a failure.
+subprocess it starts, and yields `gs://<bucket>`. `gated_gcs_bucket` does the same on an
+emulator of its own that can hold the upload or the download of an object until the test lets
+it through or drops it (`ObjectGate`): a test knows then, for certain, where a process that
+writes or reads there is. Without gcsfs or the emulator the
+tests skip, unless REQUIRE_GCS_EMULATOR=1 makes that a failure.
+
+The emulator serves one request at a time from a listen backlog of 5: a client sending more at
+once (gcsfs reading many byte ranges or objects concurrently) sees the rest dropped and retried
+a second later. Run as a script, this module gives it a backlog of real size.
 
 The emulator lacks `objects.move`, which gcsfs >= 2026.3 uses for every rename (and
 torch.distributed.checkpoint renames its `.metadata` at the end of each save): the 501 answer is
 retried for about 30 s before gcsfs copies and deletes instead. Run as a script, this module
-starts the emulator with that one call added, done the same way: copy, then delete.
-
-`gcs_emulator.holding(name)` holds the upload of one object: the emulator stops at it (a
-client writing it waits, provably mid-write) until the block ends, then drops it unstored,
-as the upload of a machine that died is never completed.
+also adds that one call, done the same way: copy, then delete.
 """
 
 import importlib.util
@@ -26,17 +29,18 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
 REQUIRE_VARIABLE = "REQUIRE_GCS_EMULATOR"
-HOLDS_VARIABLE = "GCS_EMULATOR_HOLDS"  # the emulator's folder of held uploads (see `Hold`)
+GATE_VARIABLE = "GCS_EMULATOR_GATE"  # a folder: the emulator holds uploads it names there
+GATE_TIMEOUT = 300.0
 # gcsfs >= 2026.3 asks the bucket's storage layout over gRPC before opening a file. The emulator
 # speaks HTTP only, so each ask retries for 60 s and is not cached. gcsfs reads this switch once,
 # at import: set it before anything imports gcsfs.
@@ -47,6 +51,7 @@ HOST = "127.0.0.1"
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 PROJECT = "test-project"
+BACKLOG = 512  # connections waiting for the one-at-a-time emulator, as GCS takes them at once
 
 
 def require_or_skip(reason: str) -> None:
@@ -77,47 +82,10 @@ def _answers(url: str) -> bool:
 
 
 @dataclass
-class Hold:
-    """An upload the emulator holds, in its folder of holds: `name` names the object
-    (`BUCKET/OBJECT`), `held` appears when its upload arrives, and `release` is a FIFO the
-    test keeps open: the emulator reads it to its end, then drops the upload."""
-
-    folder: Path
-
-    def wait(self, process: subprocess.Popen[str]) -> None:
-        """Return once the upload is held (the emulator waits: the condition lasts)."""
-        deadline = time.monotonic() + 600
-        while not (self.folder / "held").exists():
-            if process.poll() is not None:
-                output = process.communicate()[0] if process.stdout else ""
-                pytest.fail(f"exited {process.returncode} before the held upload:\n{output}")
-            if time.monotonic() > deadline:
-                process.kill()
-                pytest.fail("the held upload never came")
-            time.sleep(0.01)
-
-
-@dataclass
 class GcsEmulator:
     """A running emulator: its endpoint for STORAGE_EMULATOR_HOST."""
 
     endpoint: str
-    holds: Path
-
-    @contextmanager
-    def holding(self, name: str) -> Iterator[Hold]:
-        """Hold the upload of `name` (`BUCKET/OBJECT`) until the block ends; then drop it."""
-        release = self.holds / "release"
-        os.mkfifo(release)
-        end = os.open(release, os.O_RDWR)  # the emulator's read waits until it is closed
-        (self.holds / "name").write_text(name)
-        try:
-            yield Hold(self.holds)
-        finally:
-            (self.holds / "name").unlink()
-            release.unlink()
-            os.close(end)
-            (self.holds / "held").unlink(missing_ok=True)
 
     def create_bucket(self, name: str) -> str:
         """Create bucket `name` and return its `gs://` URL."""
@@ -132,14 +100,14 @@ class GcsEmulator:
         return f"gs://{name}"
 
 
-def _start(log: Path, holds: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start(log: Path, gate: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """Start the emulator; a port taken between choosing and binding it gets one more try."""
+    env = {**os.environ, **({GATE_VARIABLE: str(gate)} if gate else {})}
     for _ in range(3):
         port = _free_port()
         endpoint = f"http://{HOST}:{port}"
         command = [sys.executable, __file__, "start", "--host", HOST]
         command += ["--port", str(port), "--in-memory", "--quiet"]
-        env = {**os.environ, HOLDS_VARIABLE: str(holds)}
         with log.open("wb") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + START_TIMEOUT
@@ -169,12 +137,9 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulat
     if missing:
         needed = ", ".join(missing)
         require_or_skip(f"the GCS emulator tests need {needed}: pip install -e '.[dev]'")
-    folder = tmp_path_factory.mktemp("gcs-emulator")
-    holds = folder / "holds"
-    holds.mkdir()
-    process, endpoint = _start(folder / "emulator.log", holds)
+    process, endpoint = _start(tmp_path_factory.mktemp("gcs-emulator") / "emulator.log")
     try:
-        yield GcsEmulator(endpoint, holds)
+        yield GcsEmulator(endpoint)
     finally:
         _stop(process)
 
@@ -182,6 +147,63 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulat
 @pytest.fixture
 def gcs_bucket(gcs_emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """An empty bucket on the emulator, as `gs://<bucket>`; gcsfs anonymous, emulator only."""
+    yield from _bucket(gcs_emulator, monkeypatch)
+
+
+@dataclass
+class ObjectGate:
+    """Holds the uploads and downloads of objects whose name contains a pattern, until
+    `release()`."""
+
+    folder: Path
+
+    def hold(self, pattern: str) -> None:
+        (self.folder / "held").unlink(missing_ok=True)
+        (self.folder / "hold").write_text(pattern)
+
+    def held(self, process: subprocess.Popen[str] | None = None) -> str:
+        """Wait until a transfer is held (failing if `process`, the client, exits first);
+        the object's name."""
+        deadline = time.monotonic() + GATE_TIMEOUT
+        while not (self.folder / "held").exists():
+            if process is not None and process.poll() is not None:
+                output = process.communicate()[0] if process.stdout else ""
+                pytest.fail(f"exited {process.returncode} before the gate:\n{output[-3000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no object matched the gate in {GATE_TIMEOUT:.0f} s", pytrace=False)
+            time.sleep(0.02)
+        return (self.folder / "held").read_text()
+
+    def release(self, drop: bool = False) -> None:
+        """Let the held upload through; with `drop`, refuse it instead, as the upload of a
+        machine that died is never completed."""
+        if drop:
+            (self.folder / "drop").touch()
+        (self.folder / "hold").unlink(missing_ok=True)
+
+
+@pytest.fixture
+def gated_gcs_bucket(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, ObjectGate]]:
+    """An empty bucket on an emulator of its own, and the ObjectGate that holds its objects."""
+    missing = missing_packages()
+    if missing:
+        require_or_skip(
+            f"the GCS emulator tests need {', '.join(missing)}: pip install -e '.[dev]'"
+        )
+    folder = tmp_path_factory.mktemp("gcs-gate")
+    process, endpoint = _start(folder / "emulator.log", gate=folder)
+    gate = ObjectGate(folder)
+    try:
+        for url in _bucket(GcsEmulator(endpoint), monkeypatch):
+            yield url, gate
+    finally:
+        gate.release()
+        _stop(process)
+
+
+def _bucket(gcs_emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     import fsspec
     import gcsfs.core
 
@@ -217,44 +239,67 @@ def _move(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) 
         storage.delete_file(params["bucket_name"], params["object_id"])
 
 
-class DroppedUpload(ConnectionAbortedError):
-    """A held upload, dropped: the client that sent it is gone."""
+def _upload_name(request: Any) -> str:
+    """The object an upload names: in its query, or in its metadata (multipart, resumable)."""
+    if "name" in request.query:
+        return str(request.query["name"][0])
+    data = request.data if isinstance(request.data, dict) else {}
+    return str((data.get("meta") or data).get("name", ""))
 
 
-def _hold_uploads(holds: Path) -> None:
-    """Every object is stored through Storage.create_file: hold the one `holds/name` names."""
-    from gcp_storage_emulator.storage import Storage
+def _object_name(request: Any) -> str:
+    """The object a download names, in its path."""
+    return unquote(str(request.params.get("object_id", "")))
 
-    create_file = Storage.create_file
 
-    def create(self: Any, bucket_name: str, file_name: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            held = (holds / "name").read_text() == f"{bucket_name}/{file_name}"
-        except FileNotFoundError:
-            held = False
-        if not held:
-            return create_file(self, bucket_name, file_name, *args, **kwargs)
-        (holds / "held").touch()
-        try:
-            with (holds / "release").open("rb") as release:
-                release.read()  # end-of-file when the test ends the hold
-        except FileNotFoundError:
-            pass  # ended already
-        raise DroppedUpload(f"held upload of {bucket_name}/{file_name} dropped")
+def _gated(plain: Any, folder: Path, name_of: Callable[[Any], str]) -> Any:
+    """A handler, holding a transfer of an object named by the pattern in FOLDER/hold while
+    that file exists; FOLDER/held names the object held, FOLDER/drop refuses it once let go.
+    The emulator serves one request at a time, so everything else waits too: the client
+    cannot get past this point."""
 
-    Storage.create_file = create
+    def handler(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
+        hold = folder / "hold"
+        pattern = hold.read_text() if hold.exists() else ""
+        name = name_of(request)
+        if pattern and pattern in name:
+            (folder / "held").write_text(name)
+            deadline = time.monotonic() + GATE_TIMEOUT
+            while hold.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if (folder / "drop").exists():
+                raise ConnectionAbortedError(f"the held transfer of {name} was dropped")
+        return plain(request, response, storage, *args, **kwargs)
+
+    return handler
 
 
 def serve(argv: list[str]) -> None:
-    """Run `gcp-storage-emulator argv...` with objects.move added, and uploads held on ask."""
+    """Run `gcp-storage-emulator argv...` with objects.move added, the gate if asked, and a
+    listen backlog that takes gcsfs's concurrent requests (a backlog of 5 drops the rest, each
+    retried after 1 s)."""
+    import http.server
+
     from gcp_storage_emulator import server
     from gcp_storage_emulator.__main__ import main
+    from gcp_storage_emulator.handlers import objects
 
+    http.server.HTTPServer.request_queue_size = BACKLOG
     move = r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)/moveTo/o/"
     move += r"(?P<dest_object_id>.*[^/]+)$"
-    server.HANDLERS = ((move, {server.POST: _move}), *server.HANDLERS)
-    if os.environ.get(HOLDS_VARIABLE):
-        _hold_uploads(Path(os.environ[HOLDS_VARIABLE]))
+    handlers = ((move, {server.POST: _move}), *server.HANDLERS)
+    gate = os.environ.get(GATE_VARIABLE)
+    if gate:
+        swaps = {}
+        for call, name_of in (("insert", _upload_name), ("download", _object_name)):
+            plain = getattr(objects, call)
+            swaps[plain] = _gated(plain, Path(gate), name_of)
+            setattr(objects, call, swaps[plain])  # what other handlers call, by this name
+        handlers = tuple(
+            (regex, {method: swaps.get(h, h) for method, h in methods.items()})
+            for regex, methods in handlers
+        )
+    server.HANDLERS = handlers
     main(argv)
 
 

@@ -45,6 +45,7 @@ def uninterrupted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     return request.param, folder / "run"
 
 
+@pytest.mark.interrupts
 def test_preempted_run_continues_from_gcs_on_a_new_machine(
     uninterrupted: Any, gcs_bucket: str, gated_src: Path, tmp_path: Path
 ) -> None:
@@ -53,7 +54,7 @@ def test_preempted_run_continues_from_gcs_on_a_new_machine(
     strategy = STRATEGIES[name]
     remote = f"{gcs_bucket}/runs/{name}"
     first = tmp_path / "first-vm"
-    gate = Gate(tmp_path / "gate", steps=5)  # SIGTERM in step 6
+    gate = Gate(tmp_path / "gate", steps=8)  # SIGTERM after step 8
     config = write_config(
         tmp_path, gate=gate, max_steps=STEPS, log_every=1, seed=9, checkpoint_every=4
     )
@@ -111,6 +112,7 @@ def _undo_immutable(folder: Path) -> None:
     subprocess.run(["chattr", "-i", str(folder)], check=False)
 
 
+@pytest.mark.interrupts
 def test_unwritable_destination_stops_with_one_line_and_keeps_the_last_checkpoint(
     gated_src: Path, tmp_path: Path
 ) -> None:
@@ -118,7 +120,7 @@ def test_unwritable_destination_stops_with_one_line_and_keeps_the_last_checkpoin
     if os.geteuid() != 0 or shutil.which("chattr") is None:
         pytest.skip("making a directory unwritable to root needs chattr, as root")
     folder = tmp_path / "run" / "checkpoints"
-    gate = Gate(tmp_path / "gate", steps=4)  # saves at 2 and 4, then waits inside step 5
+    gate = Gate(tmp_path / "gate", steps=8)  # saves at 2 to 8, then waits for step 9
     config = write_config(
         tmp_path, gate=gate, max_steps=STEPS, log_every=1, checkpoint_every=2, seed=4
     )

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from {{ cookiecutter.package_name }}.cli import app
-from {{ cookiecutter.package_name }}.data.encoding import BYTE_EOD, IGNORE, Tokenizer, held_out
+from {{ cookiecutter.package_name }}.data.encoding import (
+    BYTE_EOD,
+    IGNORE,
+    Tokenizer,
+    document_keys,
+    held_out,
+)
+from {{ cookiecutter.package_name }}.data.manifest import PLAN, read_manifest
 from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
 
 from data_helpers import (
@@ -25,16 +35,18 @@ from data_helpers import (
     write_jsonl,
     write_parquet,
 )
-from gates import open_when_read
+from gates import signal_taken
+from gcs_emulator import ObjectGate
 from training_helpers import cli_env
 
 runner = CliRunner()
 SEQ_LEN = 16
 
 
-def prepare_bytes(inputs: list[Path], out: Path, **settings: object) -> object:
+def prepare_bytes(inputs: list[Any], out: Path, echo: Any = print, **settings: object) -> Any:
     options = {"seq_len": SEQ_LEN, "eval_fraction": 0.1, **settings}
-    return prepare([str(p) for p in inputs], str(out), Tokenizer(), 256, Settings(**options))  # type: ignore[arg-type]
+    settings = Settings(**options)  # type: ignore[arg-type]
+    return prepare([str(p) for p in inputs], str(out), Tokenizer(), 256, settings, echo)
 
 
 def test_documents_are_packed_in_order_with_an_end_id_between_them(tmp_path: Path) -> None:
@@ -43,7 +55,7 @@ def test_documents_are_packed_in_order_with_an_end_id_between_them(tmp_path: Pat
     source = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in texts])
     summary, _ = prepare_bytes([source], tmp_path / "out")
 
-    evaluated = held_out(np.arange(len(texts)), 0.1)
+    evaluated = held_out(document_keys(texts), 0.1)
     for split, chosen in (("train", ~evaluated), ("eval", evaluated)):
         kept = [t for t, keep in zip(texts, chosen, strict=True) if keep]
         stream = b"".join(t.encode() + bytes([BYTE_EOD]) for t in kept)
@@ -191,32 +203,145 @@ def test_hub_data_without_datasets_says_what_to_install(tmp_path: Path) -> None:
     ]
 
 
-def test_interrupted_prepare_leaves_nothing_behind(tmp_path: Path) -> None:
-    """It removes its work when stopped by SIGTERM: no dataset, no partial folder."""
-    corpus = tmp_path / "corpus"
-    corpus_jsonl(corpus)
-    # A folder's files are read in order: prepare blocks on the FIFO, which the test feeds
-    # half a record and never ends, so prepare is provably mid-read when the signal comes.
-    fifo = corpus / "more.jsonl"
-    os.mkfifo(fifo)
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare", str(corpus)]
-    process = subprocess.Popen(
-        [*command, "--out", str(tmp_path / "out"), "--num-proc", "1"],
+def start_prepare(source: Path | str, out: Path | str, *args: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare", str(source)]
+    return subprocess.Popen(
+        [*command, "--out", str(out), "--num-proc", "1", "--eval-fraction", "0.1",
+         "--set", f"task_options.seq_len={SEQ_LEN}", *args],
         env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    feed = open_when_read(fifo, process)
+
+
+@pytest.mark.interrupts
+def test_interrupted_prepare_keeps_its_shards_and_the_rerun_finishes(
+    gated_gcs_bucket: tuple[str, ObjectGate], tmp_path: Path
+) -> None:
+    """It stops on SIGTERM with no manifest, keeps the finished shards, and a rerun writes
+    the rest: the same dataset as an uninterrupted run."""
+    import fsspec
+
+    bucket, gate = gated_gcs_bucket
+    for part in range(5):
+        path = corpus_jsonl(tmp_path / "in" / str(part), count=4_000, seed=part)
+        fsspec.filesystem("gs").put(str(path), f"{bucket[5:]}/raw/part{part}.jsonl")
+    source, out = f"{bucket}/raw/*.jsonl", tmp_path / "out"
+    # One worker takes the shards in order: while the read of the last file is held, the
+    # shards before it are written and the rest cannot be. The signal comes then.
+    gate.hold("raw/part4.jsonl")
+    process = start_prepare(source, out, "--shard-size", "64K")
     try:
-        os.write(feed, b'{"text": "half a rec')
-        assert list(tmp_path.glob(".partial-*")), "prepare had started no work"
-        process.send_signal(signal.SIGTERM)
+        gate.held(process)
+        signal_taken(process, signal.SIGTERM)
         output = process.communicate(timeout=120)[0]
     finally:
-        os.close(feed)
         process.kill()
+        gate.release(drop=True)
     assert process.returncode == 130, output
-    assert "error: interrupted: nothing was written" in output
-    assert not (tmp_path / "out").exists()
-    assert not list(tmp_path.glob(".partial-*"))
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("error: interrupted: ") and "the same command finishes" in last
+    assert not (out / "prepared.json").exists() and not list(out.glob(".tmp-*"))
+
+    kept = {p: p.stat().st_mtime_ns for p in (out / "train").glob("*.arrow")}
+    lines: list[str] = []
+    prepare_bytes([source], out, shard_size=64 << 10, num_proc=1, echo=lines.append)
+    prepare_bytes([source], tmp_path / "whole", shard_size=64 << 10, num_proc=1)
+    assert f"resuming: {len(kept)} already written" in lines[0] and len(kept) >= 3
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept  # not written again
+    assert read_windows(out) == read_windows(tmp_path / "whole")
+
+
+def test_shards_read_every_document_once_whatever_their_size(tmp_path: Path) -> None:
+    """It cuts files into shards at line starts: each document is read once, in any plan."""
+    for part in range(3):
+        corpus_jsonl(tmp_path / "in" / f"part{part}", count=300, seed=part)
+    (tmp_path / "in" / "lines.txt").write_text("".join(t + "\n" for t in documents(200)))
+    one, _ = prepare_bytes([tmp_path / "in" / "part0", tmp_path / "in" / "part1"], tmp_path / "a")
+    many, _ = prepare_bytes(
+        [tmp_path / "in" / "part0", tmp_path / "in" / "part1"], tmp_path / "b", shard_size=3000
+    )
+    assert one.shards == 1 and many.shards > 10  # type: ignore[attr-defined]
+    assert (many.documents, many.tokens) == (one.documents, one.tokens) == (600, one.tokens)  # type: ignore[attr-defined]
+    text, _ = prepare_bytes([tmp_path / "in" / "lines.txt"], tmp_path / "t", shard_size=1000)
+    assert text.documents == 200  # type: ignore[attr-defined]
+
+
+@pytest.mark.interrupts
+def test_a_file_removed_while_preparing_and_a_taken_output_fail_in_one_line(
+    gated_gcs_bucket: tuple[str, ObjectGate], tmp_path: Path
+) -> None:
+    """It refuses, in one line, a corpus file deleted after planning (removing what it wrote)
+    and an output that holds another dataset (leaving that dataset whole)."""
+    import fsspec
+
+    first = corpus_jsonl(tmp_path / "in" / "a", count=8_000)
+    last = corpus_jsonl(tmp_path / "in" / "b", count=300)
+    bucket, gate = gated_gcs_bucket
+    # The plan is written once every input is listed, before any is read: held there,
+    # prepare has listed the file the test removes and reads it only after.
+    gate.hold(f"out/{PLAN}")
+    process = start_prepare(tmp_path / "in", f"{bucket}/out", "--shard-size", "64K")
+    try:
+        gate.held(process)
+        last.unlink()
+        gate.release()
+        output = process.communicate(timeout=120)[0]
+    finally:
+        process.kill()
+        gate.release()
+    errors = [line for line in output.splitlines() if line.startswith("error")]
+    assert process.returncode == 2, output
+    assert errors == [f"error: {last} was removed after prepare listed it: run prepare again"]
+    gcs = fsspec.filesystem("gs")
+    gcs.invalidate_cache()
+    assert not gcs.exists(f"{bucket}/out")
+
+    out = tmp_path / "out"
+    prepare_bytes([first], out)
+    code, lines = invoke_prepare(str(first), "--out", str(out), "--set", "task_options.seq_len=8")
+    assert code == 2 and len(lines) == 1 and "already holds other data" in lines[0], lines
+    assert manifest(out)["seq_len"] == SEQ_LEN
+
+
+def test_gcs_inputs_to_gcs_use_local_disk_only_for_the_shards_in_flight(
+    gcs_bucket: str, tmp_path: Path
+) -> None:
+    """It prepares 16 gs:// files into gs:// holding on local disk no more than the shards
+    being written (under a quarter of the inputs), and never an input file."""
+    import fsspec
+
+    inputs = 0
+    for part in range(16):
+        path = corpus_jsonl(tmp_path / "in" / f"{part:02d}", count=400, seed=part)
+        fsspec.filesystem("gs").put(str(path), f"{gcs_bucket[5:]}/raw/part{part:02d}.jsonl")
+        inputs += path.stat().st_size
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    shard, workers = 16 << 10, 2
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare",
+               f"{gcs_bucket}/raw/*.jsonl", "--out", f"{gcs_bucket}/prepared", "--num-proc",
+               str(workers), "--shard-size", str(shard), "--set",
+               f"task_options.seq_len={SEQ_LEN}"]  # fmt: skip
+    process = subprocess.Popen(
+        command, env={**cli_env(), "TMPDIR": str(scratch)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    peak, names = 0, set()
+    while process.poll() is None:
+        used = 0
+        for folder, _, files in os.walk(scratch):  # folders vanish as shards are published
+            for name in files:
+                names.add(name)
+                with contextlib.suppress(FileNotFoundError):
+                    used += os.path.getsize(os.path.join(folder, name))
+        peak = max(peak, used)
+        time.sleep(0.002)
+    output = process.communicate()[0]
+    assert process.returncode == 0, output
+    in_flight = workers * 4 * (shard + 2048)  # int32 ids of each shard's bytes, and headers
+    assert 0 < peak <= in_flight < inputs / 4, (peak, in_flight, inputs)
+    assert not [name for name in names if name.endswith(".jsonl")]
+    made = read_manifest(f"{gcs_bucket}/prepared")
+    assert made is not None and made.documents == 16 * 400 and made.shards > 16
 
 
 def test_make_prepare_writes_a_prepared_dataset(tmp_path: Path) -> None:
@@ -323,7 +448,12 @@ def test_chat_loss_falls_on_assistant_turns_only(tmp_path: Path) -> None:
     model = tiny_model(tmp_path / "model")
     turns = [("user", "alpha beta"), ("assistant", "gamma"), ("user", "delta"),
              ("assistant", "eta theta")]  # fmt: skip
-    chats = [{"messages": [{"role": r, "content": c} for r, c in turns]} for _ in range(100)]
+    # Each conversation its own (a user turn numbered): copies would share one split.
+    chats = [
+        {"messages": [{"role": r, "content": c + (f" {n}" if r == "user" else "")}
+                      for r, c in turns]}
+        for n in range(100)
+    ]  # fmt: skip
     source = write_jsonl(tmp_path / "chat.jsonl", chats)
     code, lines = invoke_prepare(
         str(source), "--out", str(tmp_path / "out"), "--set", f"task_options.model_name={model}",

@@ -3,7 +3,6 @@ at its position with nothing read twice, and the same from gs://."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -163,29 +162,35 @@ def test_resume_reads_no_batch_twice_and_gives_the_same_losses(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_prepared_dataset_on_gcs_trains_through_a_local_cache(
+def test_prepared_dataset_on_gcs_trains_in_place_with_the_losses_of_a_local_copy(
     gcs_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """It prepares gs:// inputs into gs:// and trains from there, copying the data once."""
+    """It trains from a gs:// prepared dataset read in place (nothing copied to local disk)
+    with the losses of the same dataset read from a local folder."""
     import fsspec
 
-    source = corpus_jsonl(tmp_path)
-    fsspec.filesystem("gs").put(str(source), f"{gcs_bucket[5:]}/raw/corpus.jsonl")
     remote = f"{gcs_bucket}/prepared/corpus"
-    options = ["--set", f"task_options.seq_len={SEQ_LEN}", "--set", f"task={TINY['task']}"]
-    made = cli("prepare", f"{gcs_bucket}/raw/*.jsonl", "--out", remote, *options)
-    assert made.returncode == 0, made.stderr[-2000:]
-    assert "train with: --data " + remote in made.stdout
+    task = load_task(TINY["task"], options=TINY["task_options"])
+    tokenizer = Tokenizer(getattr(task, "tokenizer", None))
+    settings = Settings(SEQ_LEN, eval_fraction=0.2, shard_size=8 << 10)
+    made, _ = prepare([str(corpus_jsonl(tmp_path, count=300))], remote, tokenizer,
+                      int(task.vocab_size), settings)  # fmt: skip
+    assert made.shards > 2
+    local = tmp_path / "local"
+    fsspec.filesystem("gs").get(remote[5:], str(local), recursive=True)
+    for name in ("HOME", "TMPDIR"):  # where a copy would land: watched, empty
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+        (tmp_path / name.lower()).mkdir()
 
-    config = write_config(tmp_path, max_steps=3, log_every=1)
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("DATA_CACHE", str(cache))
-    trained = cli("train", "--config", str(config), "--data", remote, "--run-dir",
-                  str(tmp_path / "run"))  # fmt: skip
-    assert trained.returncode == 0, trained.stderr[-2000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["steps"] == 3
-    (copy,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
-    assert json.loads((copy / "prepared.json").read_text())["inputs"] == [
-        f"{gcs_bucket}/raw/corpus.jsonl"
-    ]
+    settings_of = {**TINY, "accelerator": "cpu", "max_steps": 6, "log_every": 1, "seed": 3,
+                   "eval_every": 3}  # fmt: skip
+    plan = make_plan("cpu", 1, "single")
+    runs = {
+        where: fit(TrainConfig(**settings_of, data=data, run_dir=str(tmp_path / where)), plan)
+        for where, data in (("gcs", remote), ("local", str(local)))
+    }
+    assert runs["gcs"]["train_losses"] == runs["local"]["train_losses"]
+    assert len(runs["gcs"]["train_losses"]) == 6
+    assert runs["gcs"]["eval"] == runs["local"]["eval"]
+    copied = [p for name in ("home", "tmpdir") for p in (tmp_path / name).rglob("*") if p.is_file()]
+    assert not copied, copied

@@ -90,6 +90,7 @@ def test_lora_checkpoint_evaluates_with_the_trained_adapters(lora_run: dict[str,
 
 
 @pytest.mark.slow
+@pytest.mark.interrupts
 def test_lora_sigterm_then_resume_matches_the_uninterrupted_run(
     lora_run: dict[str, Any], base_model: Path, gated_src: Path, tmp_path: Path
 ) -> None:
@@ -206,6 +207,26 @@ def test_bad_lora_settings_fail_in_one_line(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(start), lines
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_peft_wrapping_silences_the_deprecation_only_transformers_prints() -> None:
+    """It drops transformers 5.23's FutureWarning on `is_gradient_checkpointing`, which peft
+    reads as it wraps a model, and lets every other warning through."""
+    import warnings
+
+    from {{ cookiecutter.package_name }}.hf.lora import quiet_peft_wrapping
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_peft_wrapping():
+            warnings.warn(
+                "`is_gradient_checkpointing` is deprecated and will be removed in v6. Use "
+                "`is_activation_checkpointing` instead.",
+                FutureWarning,
+                stacklevel=1,
+            )
+            warnings.warn("something else is deprecated", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["something else is deprecated"]
 
 
 if __name__ == "__main__":

@@ -429,6 +429,31 @@ def test_llama3_70b_by_name_has_its_parameters() -> None:
     assert found["per_device"]["total_bytes_checkpointed"] <= report["usable_bytes_per_device"]
 
 
+def test_mixtral_8x7b_by_name_has_its_sizes_and_splits_its_experts() -> None:
+    """It builds Mixtral 8x7B by name, 46.7B parameters of which 12.9B active per token (the
+    published figures), and holds an eighth of the experts per device on fsdp=2,expert=4."""
+    transformers = needs_transformers()
+
+    mesh = ["--mesh", "fsdp=2,expert=4"]
+    report = plan("--architecture", "mixtral", "--size", "8x7b", *SHORT[:-2], *mesh)
+
+    config = transformers.MixtralConfig(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, num_local_experts=8,
+        num_experts_per_tok=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.MixtralForCausalLM(config)
+    experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    rest = sum(p.numel() for name, p in model.named_parameters() if ".experts." not in name)
+    assert report["parameter_count"] == experts + rest
+    assert round(report["parameter_count"] / 1e9, 1) == 46.7
+    assert report["active_parameter_count"] == rest + experts * 2 // 8
+    assert round(report["active_parameter_count"] / 1e9, 1) == 12.9
+    # fp32 weights (bf16-mixed): the experts over expert x fsdp, the rest over fsdp alone.
+    assert report["per_device"]["param_bytes"] == 4 * (experts // 8 + rest // 2)
+
+
 ARCHITECTURE_ERRORS = {
     "unknown-size": (["--size", "13b"], "'13b' is not a known llama size: llama sizes are 8b, 70b"),
     "size-left-out": (["--size", "dim=64"], "--size leaves out vocab, layers, heads"),

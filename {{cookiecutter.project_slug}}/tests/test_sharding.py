@@ -32,8 +32,9 @@ SHAPES = {"qkv": (96, 32), "norm": (32,), "embed": (256, 32)}
 
 
 def test_mesh_takes_a_tensor_axis_innermost():
-    """It orders data, fsdp, tensor whatever order they are written in."""
+    """It orders data, fsdp, expert, tensor whatever order they are written in."""
     assert parse_mesh("tensor=2,data=2,fsdp=2") == (("data", 2), ("fsdp", 2), ("tensor", 2))
+    assert parse_mesh("expert=4,fsdp=2") == (("fsdp", 2), ("expert", 4))
 
 
 def test_rules_lay_out_what_they_name_and_fsdp_the_rest():
@@ -44,10 +45,17 @@ def test_rules_lay_out_what_they_name_and_fsdp_the_rest():
     assert specs == {"qkv": ("tensor", "fsdp"), "norm": ("fsdp",), "embed": ("tensor", None)}
 
 
-def test_axes_the_mesh_lacks_drop_out_of_a_rule():
-    """It lays a tensor rule out over fsdp alone on a mesh without a tensor axis."""
+def test_a_tensor_rule_leaves_the_parameter_to_fsdp_on_a_mesh_without_tensor():
+    """It lays a tensor rule's parameter out as FSDPv2 does (the largest dimension over fsdp)
+    on a mesh without a tensor axis, keeps the rule's fsdp entry with one, and drops the
+    axes a mesh lacks from a rule that names no model axis."""
     rules = [Rule("blocks.*.attn.qkv.weight", ("tensor", "fsdp"))]
-    assert layout(PARAMS, SHAPES, rules, {"fsdp": 8})["qkv"] == (None, "fsdp")
+    rows, columns = SHAPES["qkv"]
+    assert rows > columns  # the largest dimension is the first, the rule's fsdp the second
+    assert layout(PARAMS, SHAPES, rules, {"fsdp": 8})["qkv"] == ("fsdp", None)
+    assert layout(PARAMS, SHAPES, rules, {"fsdp": 4, "tensor": 2})["qkv"] == ("tensor", "fsdp")
+    data_rule = [Rule("blocks.*.attn.qkv.weight", (None, ("data", "fsdp")))]
+    assert layout(PARAMS, SHAPES, data_rule, {"fsdp": 8})["qkv"] == (None, "fsdp")
     assert layout(PARAMS, SHAPES, [], {"data": 8})["qkv"] == (None, None)  # spmd: whole
 
 
@@ -73,6 +81,16 @@ BAD_RULES = {
         "tensor=5 does not divide dimension 0 (96) of parameter 'blocks.0.attn.qkv.weight'",
     ),
     "tensor axis unused": ([], MESH, "the mesh has tensor=2 but no rule splits a parameter"),
+    "expert not dividing": (
+        [["embed.weight", ["expert", "fsdp"]]],
+        {"fsdp": 1, "expert": 3},
+        "expert=3 does not divide dimension 0 (256) of parameter 'embed.weight'",
+    ),
+    "expert axis unused": (
+        [],
+        {"fsdp": 2, "expert": 4},
+        "the mesh has expert=4 but no rule splits a parameter",
+    ),
 }
 
 

@@ -20,7 +20,7 @@ from {{ cookiecutter.package_name }}.core.checkpointing import (
 )
 
 from gates import Gate
-from gcs_emulator import GcsEmulator
+from gcs_emulator import ObjectGate
 from training_helpers import cli, cli_env, popen, preempt_then_resume, write_config
 
 pytestmark = pytest.mark.slow  # several end-to-end runs: `make test-fast` skips them
@@ -69,11 +69,12 @@ def test_run_writes_summary_tensorboard_and_checkpoint(reference_run: Path) -> N
     assert completed_steps(str(reference_run / "checkpoints")) == [STEPS]
 
 
+@pytest.mark.interrupts
 def test_sigterm_then_resume_matches_uninterrupted_run(
     reference_run: Path, gated_src: Path, tmp_path: Path
 ) -> None:
-    """It saves and exits 0 on SIGTERM, and the resumed losses equal an unbroken run's."""
-    gate = Gate(tmp_path / "gate", steps=7)  # SIGTERM in step 8
+    """It saves and exits 75 on SIGTERM, and the resumed losses equal an unbroken run's."""
+    gate = Gate(tmp_path / "gate", steps=8)  # SIGTERM after step 8
     config = write_config(tmp_path, gate=gate, max_steps=STEPS, log_every=1, seed=5)
     run_dir = tmp_path / "run"
     args = ("train", "--config", str(config), "--run-dir", str(run_dir))
@@ -96,19 +97,24 @@ def test_resume_auto_starts_fresh_and_latest_needs_a_checkpoint(tmp_path: Path) 
     assert "resuming" not in fresh.stdout and summary_of(run_dir)["steps"] == 2
 
 
+@pytest.mark.interrupts
 def test_kill_during_async_checkpoint_write_keeps_previous_loadable(
-    gcs_emulator: GcsEmulator, gcs_bucket: str, tmp_path: Path
+    gated_gcs_bucket: tuple[str, ObjectGate], tmp_path: Path
 ) -> None:
     """It never loses the previous checkpoint when killed with -9 during a background save."""
-    folder = f"{gcs_bucket}/run/checkpoints"
+    bucket, gate = gated_gcs_bucket
+    folder = f"{bucket}/run/checkpoints"
     config = write_config(tmp_path, max_steps=STEPS, log_every=0, checkpoint_every=1, seed=1)
     args = ("--run-dir", str(tmp_path / "run"), "--checkpoint-dir", folder)
     # The save of step 2 stops at its last file, the commit marker: the run is mid-save.
-    with gcs_emulator.holding(f"{folder[5:]}/2/{COMMIT_MARKER}") as hold:
-        process = popen("train", "--config", str(config), *args)
-        hold.wait(process)
+    gate.hold(f"{folder[5:].split('/', 1)[1]}/2/{COMMIT_MARKER}")
+    process = popen("train", "--config", str(config), *args)
+    try:
+        gate.held(process)
+    finally:
         process.kill()
-        process.wait()
+        process.communicate()
+        gate.release(drop=True)  # the machine died: its upload never completes
     assert completed_steps(folder) == [1]
     assert saved_keys(f"{folder}/2"), "step 2's shards and metadata were written"
     assert find_checkpoint(folder) == f"{folder}/1"  # what --resume picks

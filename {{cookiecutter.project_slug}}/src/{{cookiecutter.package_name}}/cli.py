@@ -1,4 +1,5 @@
-"""Command line: {% if cookiecutter.example_task != "vision" %}prepare, {% endif %}train, eval, plan, profile, debug, doctor, pod, config show.
+"""Command line: {% if cookiecutter.example_task != "vision" %}prepare, {% endif %}train, eval, plan, profile, debug, doctor, goodput, pod, spot,
+config show.
 
 Installed as `{{ cookiecutter.project_slug }}`; also `python -m {{ cookiecutter.package_name }}`.
 """
@@ -11,21 +12,34 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from .cli_common import (
+    EXIT_CHECKPOINT,
+    EXIT_DIVERGED,
+    EXIT_PREEMPTED,
+    EXIT_USAGE,
+    fail,
+    resolve_config,
+)
 from .core.runtime import RuntimeConfigError
 {%- if cookiecutter.example_task != "vision" %}
 from .data.cli import prepare_command
 {%- endif %}
+from .goodput import cli as goodput_cli
+from .goodput.timeline import record_failure
 from .planning.cli import plan
 from .pod.cli import pod_app
+from .spot.cli import spot_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect the resolved configuration.")
 app.add_typer(config_app, name="config")
 app.add_typer(pod_app, name="pod")
+app.add_typer(spot_app, name="spot")
 {%- if cookiecutter.example_task != "vision" %}
 app.command("prepare")(prepare_command)
 {%- endif %}
 app.command()(plan)
+app.command("goodput")(goodput_cli.goodput_command)
 
 ConfigFile = Annotated[
     Path | None, typer.Option("--config", "-c", help="TOML or YAML file of config keys.")
@@ -36,28 +50,6 @@ CHECKPOINT_HELP = "A checkpoint, or a checkpoint directory (its newest); a path 
 Sets = Annotated[
     list[str] | None, typer.Option("--set", "-s", help="Override any config key: key=value.")
 ]
-
-
-# Exit codes: 2 a usage or configuration error, 3 training diverged (NaN/inf),
-# 4 a checkpoint could not be written (the previous one is kept).
-EXIT_USAGE, EXIT_DIVERGED, EXIT_CHECKPOINT = 2, 3, 4
-
-
-def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    """One clear line on stderr and a non-zero exit code (2: a usage error)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _resolve(config_file: Path | None, sets: list[str] | None, flags: dict[str, Any]) -> Any:
-    from .training.config import ConfigError, build_config, parse_override
-
-    try:
-        overrides = dict(parse_override(item) for item in sets or [])
-        overrides.update({k: v for k, v in flags.items() if v is not None})
-        return build_config(config_file, overrides)
-    except ConfigError as error:
-        fail(str(error))
 
 
 @app.command()
@@ -94,12 +86,19 @@ def train(
     resume: Annotated[str | None, typer.Option(help=RESUME_HELP)] = None,
     sets: Sets = None,
 ) -> None:
-    """Train the task's model and print its eval metrics as JSON."""
+    """Train the task's model and print its eval metrics as JSON (exit 75: preempted, saved)."""
     flags = {k: v for k, v in locals().items() if k not in ("config", "sets")}
-    summary = _run(_resolve(config, sets, flags))
-    if summary["status"] == "preempted":
+    cfg = resolve_config(config, sets, flags)
+    if goodput_cli.finished_before(cfg):
+        return  # a relaunch of a run that completed: nothing to train
+    summary = _run(cfg)
+    goodput_cli.end_of_run(summary)
+    preempted = summary["status"] == "preempted"
+    if preempted:
         typer.echo(f"stopped by SIGTERM at step {summary['steps']}; continue with --resume auto")
     typer.echo(json.dumps(summary["eval"]))
+    if preempted:
+        raise typer.Exit(EXIT_PREEMPTED)  # not done: a supervisor must run it again
 
 
 def _run(cfg: Any) -> dict[str, Any]:
@@ -111,9 +110,14 @@ def _run(cfg: Any) -> dict[str, Any]:
         writable(cfg.run_dir)
         summary: dict[str, Any] = run_training(cfg)
     except CheckpointWriteError as error:
-        fail(f"{error}; the last whole checkpoint is untouched", EXIT_CHECKPOINT)
+        _failed(f"{error}; the last whole checkpoint is untouched", EXIT_CHECKPOINT)
     except (RuntimeConfigError, CheckpointError, ValueError) as error:
-        fail(str(error))
+        _failed(str(error))
+    except typer.Exit:
+        raise
+    except Exception as error:  # a bug: its traceback follows, its attempt is on record
+        record_failure(f"{type(error).__name__}: {str(error).strip()[:300]}", 1)
+        raise
     if summary["status"] == "diverged":
         last = summary["checkpoint"]
         advice = (
@@ -127,6 +131,12 @@ def _run(cfg: Any) -> dict[str, Any]:
             EXIT_DIVERGED,
         )
     return summary
+
+
+def _failed(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    """Fail in one line, and give the attempt that failed its incident line."""
+    record_failure(message, code)
+    fail(message, code)
 
 
 def writable(folder: str) -> None:
@@ -159,7 +169,7 @@ def profile(
         "run_dir": run_dir,
         "metrics_report": True,
     }
-    summary = _run(_resolve(config, sets, flags))
+    summary = _run(resolve_config(config, sets, flags))
     captured = summary.get("profile") or {}
     if not captured.get("traces"):
         fail(f"no trace captured in {run_dir}: raise --max-steps so the run outlasts warm-up")
@@ -179,7 +189,7 @@ def debug(
 ) -> None:
     """Train briefly, then print and save torch_xla's metrics report with a diagnosis."""
     flags = {"max_steps": max_steps, "run_dir": run_dir, "metrics_report": True}
-    summary = _run(_resolve(config, sets, flags))
+    summary = _run(resolve_config(config, sets, flags))
     typer.echo(Path(summary["metrics_report"]).read_text())
     typer.echo(f"saved: {summary['metrics_report']}")
 
@@ -255,7 +265,7 @@ def doctor(
 
     from .core import doctor as checks
 
-    cfg = _resolve(config, None, {})
+    cfg = resolve_config(config, None, {})
     found = checks.run_checks(os.environ, cfg.compile_cache, Path(cfg.run_dir) / "summary.json")
     result = checks.report(found)
     if as_json:
@@ -272,7 +282,7 @@ def doctor(
 @config_app.command("show")
 def config_show(config: ConfigFile = None, sets: Sets = None) -> None:
     """Print the configuration a run would use (defaults < file < --set)."""
-    cfg = _resolve(config, sets, {})
+    cfg = resolve_config(config, sets, {})
     typer.echo(json.dumps(cfg.to_dict(), indent=2))
 
 

@@ -22,6 +22,7 @@ _EXPORTS = {
     "launch": "launcher",
     "make_plan": "launcher",
     "Precision": "precision",
+    "ReplayedStep": "replay",
     "RuntimeConfigError": "runtime",
     "Strategy": "strategies",
     "configure": "runtime",
@@ -36,6 +37,7 @@ __all__ = [
     "DeviceFeeder",
     "Plan",
     "Precision",
+    "ReplayedStep",
     "RuntimeConfigError",
     "Strategy",
     "TieReport",
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
     from .health import XlaGuard, XlaHealthError, snapshot
     from .launcher import Plan, launch, make_plan
     from .precision import Precision
+    from .replay import ReplayedStep
     from .runtime import RuntimeConfigError, configure, detect_accelerator
     from .strategies import Strategy
     from .tying import TieReport, find_shared_parameters, move_and_retie, move_to_device

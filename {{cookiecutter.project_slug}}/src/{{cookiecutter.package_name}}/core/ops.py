@@ -23,6 +23,21 @@ def add_step_closure(fn: Callable[..., None], args: tuple[Any, ...] = ()) -> Non
     xm.add_step_closure(fn, args=args)
 
 
+def to_host(tensors: list[torch.Tensor]) -> list[float]:
+    """The values of computed device scalars, all read in one device-to-host transfer."""
+    import torch_xla.core.xla_model as xm
+
+    values: Any = xm._maybe_convert_to_cpu(list(tensors))  # one transfer for the list
+    return [float(value) for value in values]
+
+
+def to_device(values: list[float]) -> torch.Tensor:
+    """Host numbers as one float32 tensor on this process's device (an upload, not a read)."""
+    from .runtime import device
+
+    return torch.tensor(values, dtype=torch.float32).to(device())
+
+
 def rng_state() -> int:
     """The XLA device RNG seed (part of an exact-resume checkpoint)."""
     import torch_xla.core.xla_model as xm
@@ -106,7 +121,10 @@ def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     saved = [(group, group["lr"], group.get("weight_decay")) for group in optimizer.param_groups]
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     for group, _, decay in saved:
-        group["lr"] = 0.0
+        # A capturable Adam divides by its learning rate: it keeps its own, and zero
+        # gradients with no weight decay still change nothing.
+        if not group.get("capturable"):
+            group["lr"] = 0.0
         if decay is not None:
             group["weight_decay"] = 0.0
     for param in params:

@@ -1,14 +1,19 @@
 """Sharding by rules: parameter name patterns -> partition specs over named mesh axes.
 
 A mesh names its axes `data` (replicas of the model, each on its share of the batch),
-`fsdp` (parameters, gradients and optimizer state split, gathered for use) and `tensor`
-(matrices split for good: each device computes its slice of every layer), outermost first:
-`fsdp=4,tensor=2` is 8 devices. A rule says how a parameter is laid out over them: one
-entry per dimension, an axis, several axes, or None (whole). `blocks.*.attn.qkv.weight ->
-("tensor", "fsdp")` splits the rows over `tensor` and the columns over `fsdp`. Patterns
-match the end of a parameter's name, `*` standing for one part (`layers.*.mlp.up_proj.weight`).
+`fsdp` (parameters, gradients and optimizer state split, gathered for use), `expert` (a
+mixture of experts' experts split for good, each device holding its experts; the batch is
+split over it too) and `tensor` (matrices split for good: each device computes its slice of
+every layer), outermost first: `fsdp=4,tensor=2` is 8 devices. A rule says how a parameter
+is laid out over them: one entry per dimension, an axis, several axes, or None (whole).
+`blocks.*.attn.qkv.weight -> ("tensor", "fsdp")` splits the rows over `tensor` and the
+columns over `fsdp`. Patterns match the end of a parameter's name, `*` standing for one
+part (`layers.*.mlp.up_proj.weight`).
 Parameters no rule names follow the fsdp rule (their largest dimension over `fsdp`, as
-torch_xla's FSDPv2 lays them out), or stay whole on a mesh without `fsdp`.
+torch_xla's FSDPv2 lays them out), or stay whole on a mesh without `fsdp`. So do parameters
+whose rule splits them over a model axis (`tensor`, `expert`) the mesh lacks: such a rule
+describes a model-parallel layout, and what is left of it on an fsdp-only mesh (the columns
+over `fsdp`, biases whole) gathers and reduces slower than FSDPv2's layout, for nothing.
 
 Nothing here imports torch_xla: the `plan` command and the checks before launch use it too.
 """
@@ -23,9 +28,13 @@ from typing import Any
 from .runtime import RuntimeConfigError
 
 # Mesh axes this project shards over, outermost first. `tensor` is innermost: its
-# collectives run every layer, so it belongs on the fastest links.
-AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")  # a batch's first dimension is split over these
+# collectives run every layer, so it belongs on the fastest links; `expert`'s (tokens to
+# their experts and back) run every mixture-of-experts layer, next to it.
+AXES = ("data", "fsdp", "expert", "tensor")
+BATCH_AXES = ("data", "fsdp", "expert")  # a batch's first dimension is split over these
+# Axes that split parameters for good: a split must be even, some rule must use them, and a
+# rule naming one applies only on a mesh that has it.
+MODEL_AXES = ("expert", "tensor")
 
 MeshShape = tuple[tuple[str, int], ...]
 Entry = str | tuple[str, ...] | None
@@ -104,6 +113,10 @@ class Rule:
     def axes(self) -> set[str]:
         return {axis for entry in self.spec for axis in _axes_of(entry)}
 
+    def applies(self, mesh: Mapping[str, int]) -> bool:
+        """False where the rule splits over a model axis this mesh does not have."""
+        return all(mesh.get(axis, 1) > 1 for axis in self.axes() & set(MODEL_AXES))
+
 
 def _axes_of(entry: Entry) -> tuple[str, ...]:
     if entry is None:
@@ -170,9 +183,10 @@ def layout(
     rules: Sequence[Rule],
     mesh: Mapping[str, int],
 ) -> dict[str, Spec]:
-    """Each parameter's spec on `mesh`: the first rule naming it (by any of its names),
-    else the fsdp rule where the mesh has `fsdp`, else whole. RuntimeConfigError names a
-    rule that matches nothing, a rank mismatch, or a tensor axis that does not divide.
+    """Each parameter's spec on `mesh`: the first rule naming it (by any of its names) if
+    it applies on this mesh, else the fsdp rule where the mesh has `fsdp`, else whole.
+    RuntimeConfigError names a rule that matches nothing, a rank mismatch, or a tensor
+    axis that does not divide.
 
     `parameters` maps a parameter's first name to all its names (tied parameters have
     several), `shapes` that name to its shape.
@@ -185,17 +199,19 @@ def layout(
             ((i, r) for i, r in enumerate(rules) if any(r.matches(_plain(n)) for n in names)),
             None,
         )
-        if found is None:
-            spec = fsdp_spec(shape) if mesh.get("fsdp", 1) > 1 else (None,) * len(shape)
-        else:
-            index, rule = found
-            used.add(index)
+        rule = None
+        if found is not None:
+            used.add(found[0])
+            rule = found[1]
             if len(rule.spec) != len(shape):
                 raise RuntimeConfigError(
                     f"rule {rule.pattern!r} gives {len(rule.spec)} dimension(s) but parameter "
                     f"{names[0]!r} has {len(shape)} (shape {list(shape)})"
                 )
+        if rule is not None and rule.applies(mesh):
             spec = rule.spec
+        else:
+            spec = fsdp_spec(shape) if mesh.get("fsdp", 1) > 1 else (None,) * len(shape)
         specs[key] = on_mesh(spec, mesh)
         _check_divides(names[0], shape, specs[key], mesh)
     unused = [r.pattern for i, r in enumerate(rules) if r.required and i not in used]
@@ -204,12 +220,13 @@ def layout(
             f"sharding rule {unused[0]!r} matches no parameter of the model (names look like "
             f"{next(iter(parameters.values()))[0]!r})"
         )
-    tensor = mesh.get("tensor", 1)
-    if tensor > 1 and not any("tensor" in _axes_of(e) for s in specs.values() for e in s):
-        raise RuntimeConfigError(
-            f"the mesh has tensor={tensor} but no rule splits a parameter over it: "
-            "give sharding_rules that use 'tensor', or drop the axis"
-        )
+    for axis in MODEL_AXES:
+        size = mesh.get(axis, 1)
+        if size > 1 and not any(axis in _axes_of(e) for s in specs.values() for e in s):
+            raise RuntimeConfigError(
+                f"the mesh has {axis}={size} but no rule splits a parameter over it: "
+                f"give sharding_rules that use {axis!r}, or drop the axis"
+            )
     return specs
 
 
@@ -219,14 +236,15 @@ def _plain(name: str) -> str:
 
 
 def _check_divides(name: str, shape: Sequence[int], spec: Spec, mesh: Mapping[str, int]) -> None:
-    """Refuse a tensor split that cuts a dimension unevenly (fsdp pads; tensor must not)."""
+    """Refuse a tensor or expert split that cuts a dimension unevenly (fsdp pads; they
+    must not)."""
     for dim, entry in enumerate(spec):
-        axes = _axes_of(entry)
-        if "tensor" in axes and shape[dim] % mesh["tensor"]:
-            raise RuntimeConfigError(
-                f"tensor={mesh['tensor']} does not divide dimension {dim} ({shape[dim]}) of "
-                f"parameter {name!r}: choose a tensor size that divides it"
-            )
+        for axis in set(_axes_of(entry)) & set(MODEL_AXES):
+            if shape[dim] % mesh[axis]:
+                raise RuntimeConfigError(
+                    f"{axis}={mesh[axis]} does not divide dimension {dim} ({shape[dim]}) of "
+                    f"parameter {name!r}: choose a {axis} size that divides it"
+                )
 
 
 def state_spec(param_spec: Spec | None, param_shape: Sequence[int], shape: Sequence[int]) -> Spec:

@@ -20,6 +20,16 @@ def task_tokenizer(task: Any) -> tuple[Tokenizer, int]:
     return tokenizer, int(getattr(task, "vocab_size", None) or tokenizer.size or BYTE_VOCAB)
 
 
+def parse_size(text: str) -> int:
+    """Bytes from `4096`, `64K`, `64M` or `1G`."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    number, unit = (text[:-1], text[-1].upper()) if text[-1:].upper() in units else (text, "")
+    try:
+        return int(float(number) * units.get(unit, 1))
+    except ValueError:
+        raise DataError(f"--shard-size {text!r} is not a size: write 64M, 1G or bytes") from None
+
+
 def prepare_command(
     inputs: Annotated[list[str], typer.Argument(help=INPUTS_HELP, show_default=False)],
     out: Annotated[str, typer.Option(help="The prepared dataset: a new folder or gs:// URL.")],
@@ -28,25 +38,42 @@ def prepare_command(
     ] = None,
     field: Annotated[str, typer.Option(help="The text field of JSON records / Parquet.")] = "text",
     eval_fraction: Annotated[float, typer.Option(help="Share of documents held out.")] = 0.01,
-    num_proc: Annotated[int, typer.Option(help="Tokenizing processes (0: one per core).")] = 0,
+    num_proc: Annotated[
+        int, typer.Option(help="Workers of either engine (0: one per core; ray: every CPU).")
+    ] = 0,
+    engine: Annotated[
+        str, typer.Option(help="local: processes here; ray: tasks on the cluster at RAY_ADDRESS.")
+    ] = "local",
+    ray_address: Annotated[
+        str, typer.Option(envvar="RAY_ADDRESS", help="The Ray cluster's head (HOST:PORT).")
+    ] = "",
+    shard_size: Annotated[
+        str, typer.Option(help="Input bytes per shard (64M, 1G; 0: about 256 shards).")
+    ] = "0",
     sets: Annotated[
         list[str] | None, typer.Option("--set", "-s", help="Override a config key: key=value.")
     ] = None,
 ) -> None:
     """Tokenize, pack and split a corpus once, for `train --data OUT` (any size, local or gs://)."""
-    from ..cli import _resolve, fail
+    from ..cli_common import fail, resolve_config
     from ..tasks import load_task
+    from .engines import ShardFailed
     from .prepare import Settings, prepare
 
-    cfg = _resolve(config, sets, {})
+    cfg = resolve_config(config, sets, {})
     try:
         task = load_task(cfg.task, "", cfg.task_options)  # its tokenizer, not its data
         tokenizer, vocab = task_tokenizer(task)
         seq_len = int(getattr(task, "seq_len", 0) or cfg.task_options.get("seq_len", 0))
-        settings = Settings(seq_len, field, eval_fraction, num_proc)
+        shard_bytes = parse_size(shard_size)
+        settings = Settings(
+            seq_len, field, eval_fraction, num_proc, shard_bytes, engine, ray_address
+        )
         manifest, reused = prepare(inputs, out, tokenizer, vocab, settings, typer.echo)
-    except KeyboardInterrupt:
-        fail("interrupted: nothing was written", 130)
+    except KeyboardInterrupt as stop:
+        fail(str(stop) or "interrupted: nothing was written", 130)
+    except ShardFailed as error:
+        fail(str(error), 1)
     except (DataError, ValueError, OSError) as error:
         fail(str(error))
     if reused:

@@ -85,24 +85,32 @@ def mode_of(columns: list[str], field: str) -> str:
     return TEXT  # the field check names what is missing
 
 
-def held_out(indices: np.ndarray, fraction: float) -> np.ndarray:
-    """Whether each document (by its index) belongs to the eval split: a fixed, even spread."""
-    mixed = (indices.astype(np.uint64) + np.uint64(1)) * GOLDEN
+def document_keys(texts: list[str]) -> np.ndarray:
+    """A key per document from its content: a document falls in the same split wherever it
+    lies, whatever the shards, the workers or the file format (and copies of it with it)."""
+    digests = (hashlib.blake2b(t.encode(), digest_size=8).digest() for t in texts)
+    return np.fromiter((int.from_bytes(d, "little") for d in digests), np.uint64, len(texts))
+
+
+def held_out(keys: np.ndarray, fraction: float) -> np.ndarray:
+    """Whether each document (by its key) belongs to the eval split: a fixed, even spread."""
+    mixed = (keys.astype(np.uint64) + np.uint64(1)) * GOLDEN
     return (mixed >> np.uint64(11)).astype(np.float64) / float(1 << 53) < fraction
 
 
 @dataclass
 class Encoder:
-    """The function `datasets.map` runs over batches of records (pickled into each worker)."""
+    """What each shard runs over its batches of records (pickled into each worker)."""
 
     tokenizer: Tokenizer
     mode: str
     field: str
     eval_fraction: float
 
-    def __call__(self, batch: dict[str, list[Any]], indices: list[int]) -> dict[str, Any]:
+    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, Any]:
+        """Token ids (and labels) of a batch of records, and which are held out."""
         eod = self.tokenizer.eod_id
-        out: dict[str, Any] = {"held_out": held_out(np.asarray(indices), self.eval_fraction)}
+        out: dict[str, Any] = {"held_out": held_out(self.keys(batch), self.eval_fraction)}
         if self.mode == TEXT:
             texts = [t or "" for t in batch[self.field]]
             out["ids"] = [np.append(ids, np.int32(eod)) for ids in self.tokenizer.encode(texts)]
@@ -113,6 +121,15 @@ class Encoder:
         out["ids"] = [np.append(ids, np.int32(eod)) for ids, _ in pairs]
         out["labels"] = [np.append(labels, np.int32(eod)) for _, labels in pairs]
         return out
+
+    def keys(self, batch: dict[str, list[Any]]) -> np.ndarray:
+        """Each record's key, from its content."""
+        if self.mode == TEXT:
+            return document_keys([t or "" for t in batch[self.field]])
+        if self.mode == PROMPT_COMPLETION:
+            pairs = zip(batch["prompt"], batch["completion"], strict=True)
+            return document_keys([f"{p or ''}\0{c or ''}" for p, c in pairs])
+        return document_keys([json.dumps(m, sort_keys=True) for m in batch["messages"]])
 
     def _prompt_completion(self, batch: dict[str, list[Any]]) -> list[tuple[Any, Any]]:
         prompts = self.tokenizer.encode([p or "" for p in batch["prompt"]])

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MANIFEST = "prepared.json"  # written after every data file: a folder without it is not whole
+PLAN = "prepare-plan.json"  # written first: whose output this is, and its shards
+INDEX = "index.json"  # in each split: where every window lies, so a reader opens no file to find it
 FORMAT = "packed-token-windows"
-VERSION = 1
+VERSION = 2
 SPLITS = ("train", "eval")
 
 
@@ -34,6 +36,7 @@ class Manifest:
     dropped_tokens: int = 0  # the tails that did not fill a window
     loss_tokens: int = 0  # targets that carry loss (all of them without a mask)
     unigram_entropy: float = 0.0  # nats/token of the context-free baseline
+    shards: int = 0  # each split holds one window file per shard, in shard order
     inputs: list[str] = field(default_factory=list)
     seconds: float = 0.0
     format: str = FORMAT

@@ -1,11 +1,12 @@
-"""`prepare`: read, tokenize in parallel, pack, split and write a corpus, once.
+"""`prepare`: plan the shards of a corpus, run them on an engine, and write the manifest last.
 
-Steps: resolve the inputs, fingerprint them with every setting, reuse a prepared dataset of
-that fingerprint; else read them with `datasets` (memory-mapped Arrow), tokenize with
-`num_proc` processes, pack in one sequential pass, and write `train/` and `eval/`
-(`datasets.save_to_disk` layout, local or `gs://`), the manifest last. A local output is
-built in a sibling folder and renamed into place; a failed or interrupted run removes what
-it wrote, and anything left without a manifest is refused by training.
+Steps: resolve the inputs, plan the shards (a function of the data and the settings),
+fingerprint both with every setting, reuse a prepared dataset of that fingerprint; else
+claim the output (`prepare-plan.json`), skip the shards a stopped run already finished,
+run the rest (`--engine local`: processes here; `--engine ray`: tasks on a cluster), and
+write each split's index and the manifest from the shards' records. Nothing training
+accepts exists before the manifest. Bad data removes what was written (a rerun would meet
+it again); an interruption or a failed shard keeps the finished shards for the rerun.
 """
 
 from __future__ import annotations
@@ -13,22 +14,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from . import sources
-from .encoding import CHAT, PROMPT_COMPLETION, TEXT, Encoder, Tokenizer, mode_of
+from .encoding import TEXT, Tokenizer, mode_of
+from .engines import ShardFailed, check_reachable, import_ray, run_local, run_ray
+from .finish import summed, write_indexes
 from .manifest import (
     MANIFEST,
-    SPLITS,
+    PLAN,
     VERSION,
     DataError,
     Manifest,
@@ -36,27 +36,48 @@ from .manifest import (
     join,
     read_manifest,
 )
-from .packing import pack
+from .plan import Shard, plan, plan_rows, to_json
+from .progress import Progress
+from .records import check_parquet_fields, detect_mode
+from .shards import Job, finished, is_local, remove_temporary
+
+ENGINES = ("local", "ray")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM: the shards already finished stay for the rerun; the message says so."""
 
 
 @dataclass(frozen=True)
 class Settings:
-    """What shapes a prepared dataset, beside the inputs and the tokenizer."""
+    """What shapes a prepared dataset, beside the inputs and the tokenizer; and what runs it."""
 
     seq_len: int
     field: str = "text"
     eval_fraction: float = 0.01
-    num_proc: int = 0  # 0: one process per core
+    num_proc: int = 0  # workers of either engine; 0: one per core (local), every CPU (ray)
+    shard_size: int = 0  # input bytes per shard; 0: about 256 shards of 8 MiB to 512 MiB
+    engine: str = "local"
+    ray_address: str = ""
 
     def check(self) -> None:
         if self.seq_len < 1:
             raise DataError(f"seq_len must be at least 1, got {self.seq_len}")
         if not 0.0 < self.eval_fraction < 1.0:
             raise DataError(f"eval_fraction must be between 0 and 1, got {self.eval_fraction}")
+        if self.engine not in ENGINES:
+            raise DataError(f"unknown engine {self.engine!r}: choose local or ray")
+        if self.num_proc < 0 or self.shard_size < 0:
+            raise DataError("--num-proc and --shard-size must not be negative")
+        if self.engine == "ray" and not self.ray_address:
+            raise DataError(
+                "--engine ray needs a cluster: set RAY_ADDRESS or --ray-address to its head "
+                "(make ray-up starts one on the pod's hosts)"
+            )
 
 
 def fingerprint(files: list[sources.InputFile], hub: str, tokenizer: Tokenizer, vocab: int,
-                settings: Settings) -> str:  # fmt: skip
+                settings: Settings, shard_bytes: int) -> str:  # fmt: skip
     """A hash of the inputs (names, sizes, versions) and every setting that changes the output."""
     described = {
         "version": VERSION,
@@ -67,6 +88,7 @@ def fingerprint(files: list[sources.InputFile], hub: str, tokenizer: Tokenizer, 
         "seq_len": settings.seq_len,
         "field": settings.field,
         "eval_fraction": settings.eval_fraction,
+        "shard_bytes": shard_bytes,
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -89,154 +111,142 @@ def prepare(
     hub = [item for item in inputs if item.startswith("hf:")]
     if hub and len(inputs) > 1:
         raise DataError("an hf: dataset is prepared on its own: give it as the only input")
-    try:
-        import datasets  # noqa: F401  (read, tokenize and write through it)
-    except ImportError:
-        raise DataError(sources.missing_datasets(hub[0] if hub else "prepare")) from None
-    files = [] if hub else sources.resolve(inputs)
-    kind = sources.builder(files) if files else "hub"
-    print_fingerprint = fingerprint(files, hub[0] if hub else "", tokenizer, vocab_size, settings)
-    existing = read_manifest(out)
-    if existing is not None and existing.fingerprint == print_fingerprint:
-        return existing, True
-    if existing is not None or _holds_files(out):
-        raise DataError(
-            f"{out!r} already holds other data (other inputs or settings): choose another "
-            "--out, or remove it first"
-        )
-    started = time.perf_counter()
-    _quiet_unless_interactive()
-    with _staging(out) as (stage, scratch), _interrupt_on_sigterm():
-        raw = (
-            sources.load_hub(hub[0][3:], scratch)
-            if hub
-            else sources.load(sources.local_copies(files, scratch), kind, scratch / "hf-cache")
-        )
-        where = ", ".join(f.url for f in files[:3]) + (" ..." if len(files) > 3 else "") or hub[0]
-        mode = mode_of(raw.column_names, settings.field)
-        if mode == TEXT:
-            sources.text_column(raw, settings.field, where)
-        if len(raw) == 0:
-            raise DataError(f"{where} holds no documents: the corpus is empty")
-        echo(f"{len(raw):,} documents ({mode}) from {where}")
-        tokenized = _tokenize(raw, tokenizer, mode, settings)
-        from tqdm.auto import tqdm
-
-        with tqdm(total=len(tokenized), desc="Packing", unit=" docs", disable=None) as bar:
-            packed = pack(tokenized, scratch, settings.seq_len, vocab_size, bar)
-        if packed["tokens"] == packed["documents"]:
-            raise DataError(f"{where} holds no text: every document is empty")
-        for split in SPLITS:
-            if packed["sequences"][split] == 0:
-                raise DataError(
-                    f"the {split} split fills no sequence of {settings.seq_len + 1} tokens "
-                    f"({packed['tokens']:,} tokens in all): "
-                    + ("raise --eval-fraction" if split == "eval" else "give more text")
-                    + " or lower seq_len"
-                )
-        _write_splits(scratch, stage)
-        manifest = Manifest(
-            seq_len=settings.seq_len,
-            tokenizer=tokenizer.identity,
-            eod_id=tokenizer.eod_id,
-            vocab_size=vocab_size,
-            fingerprint=print_fingerprint,
-            inputs=[f.url for f in files] or hub,
-            seconds=round(time.perf_counter() - started, 3),
-            **packed,
-        )
-        fs, path = filesystem(stage)
-        fs.pipe(join(path, MANIFEST), manifest.to_json().encode())  # last: the dataset is whole
+    if hub and settings.engine == "ray":
+        raise DataError("an hf: dataset is read on this machine: prepare it with --engine local")
+    if settings.engine == "ray":
+        import_ray()
+        check_reachable(settings.ray_address)
+    with tempfile.TemporaryDirectory(prefix="prepare-hub-") as scratch:
+        raw = _load_hub(hub[0], scratch) if hub else None
+        files = [] if hub else sources.resolve(inputs)
+        if raw is not None:
+            mode = mode_of(raw.column_names, settings.field)
+            if mode == TEXT:
+                sources.text_column(raw, settings.field, hub[0])
+            shards, size = plan_rows(hub[0], len(raw), raw.data.nbytes, settings.shard_size)
+        else:
+            kind = sources.builder(files)
+            where = ", ".join(f.url for f in files[:3]) + (" ..." if len(files) > 3 else "")
+            if not any(f.size for f in files):
+                raise DataError(f"{where} holds no documents: the corpus is empty")
+            mode = detect_mode(files, kind, settings.field)
+            if kind == "parquet":
+                check_parquet_fields(files, mode, settings.field)
+            shards, size = plan(files, settings.shard_size)
+        print_ = fingerprint(files, hub[0] if hub else "", tokenizer, vocab_size, settings, size)
+        existing = read_manifest(out)
+        if existing is not None and existing.fingerprint == print_:
+            return existing, True
+        started = time.perf_counter()
+        resumed = _claim(out, print_, shards, size)
+        try:
+            # Absolute: a Ray worker runs in a folder of its own.
+            where_to = os.path.abspath(out.removeprefix("file://")) if is_local(out) else out
+            job = Job(where_to, tokenizer, mode, settings.field, settings.seq_len, vocab_size,
+                      settings.eval_fraction, raw)  # fmt: skip
+            more = f" and {len(files) - 1} more" if len(files) > 1 else ""
+            where = hub[0] if hub else files[0].url + more
+            _run(job, shards, settings, echo, where, resumed)
+            manifest, layout = summed(out, shards, tokenizer, vocab_size, settings.seq_len, print_)
+        except DataError:
+            _remove(out)  # the same inputs would fail the same way: leave nothing
+            raise
+    manifest.inputs = [f.url for f in files] or hub
+    manifest.seconds = round(time.perf_counter() - started, 3)
+    write_indexes(out, manifest, layout)
+    fs, path = filesystem(out)
+    fs.pipe(join(path, MANIFEST), manifest.to_json().encode())  # last: the dataset is whole
     return manifest, False
 
 
-def _quiet_unless_interactive() -> None:
-    """Progress bars on a terminal; in logs and pipes only the lines that say something."""
-    import datasets
+def _load_hub(name: str, scratch: str) -> Any:
+    try:
+        import datasets  # noqa: F401  (hub datasets come through it)
+    except ImportError:
+        raise DataError(sources.missing_datasets(name)) from None
+    from pathlib import Path
 
-    if sys.stderr.isatty():
-        datasets.enable_progress_bars()
-    else:
-        datasets.disable_progress_bars()
+    return sources.load_hub(name[3:], Path(scratch))
 
 
-def _tokenize(raw: Any, tokenizer: Tokenizer, mode: str, settings: Settings) -> Any:
-    from datasets import Features, Sequence, Value
-
-    columns: dict[str, Any] = {"held_out": Value("bool"), "ids": Sequence(Value("int32"))}
-    if mode in (PROMPT_COMPLETION, CHAT):
-        columns["labels"] = Sequence(Value("int32"))
-    procs = settings.num_proc or os.cpu_count() or 1
-    encoder = Encoder(tokenizer, mode, settings.field, settings.eval_fraction)
-    return raw.map(
-        encoder,
-        batched=True,
-        with_indices=True,
-        remove_columns=raw.column_names,
-        features=Features(columns),
-        num_proc=procs if len(raw) >= 1000 * procs and procs > 1 else None,
-        desc="Tokenizing",
+def _claim(out: str, print_: str, shards: list[Shard], size: int) -> bool:
+    """Make `out` this dataset's, or find it already is (True: a stopped run to resume)."""
+    fs, path = filesystem(out)
+    refusal = (
+        f"{out!r} already holds other data (another dataset, or one of other inputs or "
+        "settings): choose another --out, or remove it first"
     )
-
-
-def _write_splits(scratch: Path, stage: str) -> None:
-    """Each split's windows in the `datasets.save_to_disk` layout, local or remote.
-
-    In record batches of up to datasets' 100 MB row groups rather than its 1,000 rows: a
-    reader maps each batch's header, and thousands of them would cost time and page cache.
-    """
-    import datasets
-    from datasets import Dataset
-
-    rows, datasets.config.DEFAULT_MAX_BATCH_SIZE = datasets.config.DEFAULT_MAX_BATCH_SIZE, 1 << 30
+    plan_path = join(path, PLAN)
     try:
-        for split in SPLITS:
-            windows = Dataset.from_file(str(scratch / f"{split}.arrow"))
-            windows.save_to_disk(join(stage, split), max_shard_size="500MB")
+        if fs.isfile(plan_path):
+            if json.loads(fs.cat_file(plan_path)).get("fingerprint") != print_:
+                raise DataError(refusal)
+            return True
+        if read_manifest(out) is not None or (
+            fs.exists(path) and (not fs.isdir(path) or fs.ls(path, detail=False))
+        ):
+            raise DataError(refusal)
+    except (OSError, ValueError) as error:
+        if isinstance(error, DataError):
+            raise
+        raise DataError(f"cannot use --out {out}: {error}") from None
+    fs.makedirs(path, exist_ok=True)
+    described = {"fingerprint": print_, "shard_bytes": size, "shards": to_json(shards)}
+    fs.pipe(plan_path, json.dumps(described).encode())
+    return False
+
+
+def _run(job: Job, shards: list[Shard], settings: Settings, echo: Callable[[str], None],
+         where: str, resumed: bool) -> None:  # fmt: skip
+    remove_temporary(job.out)
+    done = set(finished(job.out))
+    todo = [shard for shard in shards if shard.index not in done]
+    echo(
+        f"{len(shards)} shards ({job.mode}) from {where}"
+        + (f"; resuming: {len(shards) - len(todo)} already written" if resumed else "")
+    )
+    progress = Progress(len(shards), len(shards) - len(todo), sum(s.size for s in todo), echo)
+    sizes = {shard.index: shard.size for shard in shards}
+    nodes = set()
+
+    def finished_one(record: dict[str, Any]) -> None:
+        progress(record, sizes[record["shard"]])
+        nodes.add(record.get("node", "here"))
+
+    try:
+        with _interrupt_on_sigterm():
+            if settings.engine == "ray":
+                run_ray(job, todo, settings.num_proc, settings.ray_address, finished_one)
+            else:
+                run_local(job, todo, settings.num_proc, finished_one)
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"interrupted: {progress.done} of {len(shards)} shards are written in {job.out}; "
+            "the same command finishes the rest"
+        ) from None
+    except ShardFailed as error:
+        raise ShardFailed(
+            f"{error}; {progress.done} of {len(shards)} shards are written in {job.out}: the "
+            "same command finishes the rest"
+        ) from None
     finally:
-        datasets.config.DEFAULT_MAX_BATCH_SIZE = rows
+        progress.close()
+    where = f" on {len(nodes)} Ray node{'s' * (len(nodes) > 1)}" if settings.engine == "ray" else ""
+    echo(f"{len(todo)} shards tokenized{where}, {len(shards) - len(todo)} reused")
 
 
-def _holds_files(location: str) -> bool:
-    fs, path = filesystem(location)
+def _remove(out: str) -> None:
+    fs, path = filesystem(out)
     try:
-        return bool(fs.exists(path) and (not fs.isdir(path) or fs.ls(path, detail=False)))
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
     except OSError:
-        return False
-
-
-@contextmanager
-def _staging(out: str) -> Iterator[tuple[str, Path]]:
-    """Where the dataset is built, and a local scratch folder; nothing is left on failure."""
-    remote = "://" in out
-    if not remote:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-    stage = out if remote else tempfile.mkdtemp(prefix=".partial-", dir=Path(out).parent)
-    scratch = Path(tempfile.mkdtemp(prefix="prepare-", dir=None if remote else stage))
-    try:
-        yield stage, scratch
-        shutil.rmtree(scratch, ignore_errors=True)
-        if not remote:
-            if Path(out).is_dir():
-                Path(out).rmdir()  # an empty folder: nothing of value is replaced
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(stage, 0o777 & ~umask)  # mkdtemp's 0700 is for the work in progress
-            os.replace(stage, out)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        if remote:
-            fs, path = filesystem(out)
-            if fs.exists(path):
-                fs.rm(path, recursive=True)
-        else:
-            shutil.rmtree(stage, ignore_errors=True)
-        raise
+        pass
 
 
 @contextmanager
 def _interrupt_on_sigterm() -> Iterator[None]:
-    """SIGTERM ends `prepare` like Ctrl-C: through the clean-up, not around it."""
+    """SIGTERM ends `prepare` like Ctrl-C: the workers stop, the finished shards stay."""
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt

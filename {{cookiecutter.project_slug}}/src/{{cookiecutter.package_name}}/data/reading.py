@@ -1,16 +1,15 @@
-"""Reading a prepared dataset by index, one window at a time: host memory does not grow with it.
+"""Reading a prepared dataset by index, in place: host memory and disk do not grow with it.
 
-A local dataset is read in place. One on `gs://` (any fsspec URL) is copied once into a
-local cache keyed by its fingerprint (`DATA_CACHE`, default `~/.cache/<package>/prepared`),
-then read the same way: every host needs the disk for it, and no more memory.
+Each window is read at its offset in its shard file, from the split's `index.json`. A local
+dataset (or one on a Cloud Storage FUSE mount) is read with one `pread` per window; one on
+`gs://` (any fsspec URL) with byte-range requests, a batch's windows fetched at once, and
+the windows a sampler will ask for fetched ahead of it (`readahead`): nothing is copied.
 """
 
 from __future__ import annotations
 
-import mmap
+import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,11 @@ import torch
 from torch.utils.data import Dataset
 
 from .encoding import same_identity
-from .manifest import MANIFEST, DataError, Manifest, filesystem, join, read_manifest
+from .manifest import INDEX, MANIFEST, DataError, Manifest, filesystem, join, read_manifest
+from .packing import IDS, LABELS, file_layout
+from .readahead import ReadAhead
 
-CACHE_VARIABLE = "DATA_CACHE"
-PACKAGE = __name__.split(".")[0]
+Sample = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -33,33 +33,53 @@ class Chunk:
     path: str
     rows: int
     width: int
-    ids_at: int  # byte offset of the first window's ids
-    labels_at: int | None  # of its labels, when the dataset is masked
+    at: dict[str, int]  # byte offset of each column's first value
 
 
-class PackedWindows(Dataset[dict[str, torch.Tensor]]):
+class PackedWindows(Dataset[Sample]):
     """Windows of `seq_len + 1` ids: `x` the first seq_len, `y` the next-token targets
     (-100 where a mask says the token carries no loss).
 
-    Each window is read from its file with one `pread` at its offset: the process holds
-    the window it reads and nothing around it, so its memory is the same for a corpus of
-    any size (a memory map would count every page cached around each window as the
-    process's own). Files open lazily, so DataLoader workers open their own.
+    Each window is read from its file at its offset: the process holds the windows it
+    reads and nothing around them, so its memory is the same for a corpus of any size (a
+    memory map would count every page cached around each window as the process's own).
+    Files open lazily, so DataLoader workers open their own.
     """
 
     def __init__(self, folder: str, length: int) -> None:
         self.folder = folder
         self.length = length
+        self.remote = "://" in folder and not folder.startswith("file://")
         self._chunks: list[Chunk] | None = None
         self._starts: np.ndarray | None = None
         self._files: dict[str, int] = {}
+        self._fs: Any = None
+        self.ahead: ReadAhead | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_files": {}}
+        return {**self.__dict__, "_files": {}, "_fs": None, "ahead": None}
+
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether a sampler should announce the windows it will ask for (remote data)."""
+        return self.remote
 
     def _open(self) -> None:
-        files = sorted(Path(self.folder).glob("*.arrow"))
-        chunks = [chunk for path in files for chunk in _layout(path)]
+        fs, path = filesystem(self.folder)
+        self._fs = fs
+        try:
+            index = json.loads(fs.cat_file(join(path, INDEX)))
+            chunks = [
+                Chunk(join(path, item["name"]), c["rows"], c["width"], c["at"])
+                for item in index["files"]
+                for c in item["chunks"]
+            ]
+        except FileNotFoundError:
+            if self.remote:
+                raise DataError(f"{self.folder!r} has no {INDEX}: prepare it again") from None
+            files = sorted(Path(path).glob("*.arrow"))
+            chunks = [Chunk(str(f), c["rows"], c["width"], c["at"])
+                      for f in files for c in file_layout(f)]  # fmt: skip
         rows = sum(chunk.rows for chunk in chunks)
         if rows != self.length:
             raise DataError(f"{self.folder!r} holds {rows} sequences, its manifest {self.length}")
@@ -69,79 +89,56 @@ class PackedWindows(Dataset[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return self.length
 
-    def _read(self, path: str, offset: int, width: int) -> torch.Tensor:
-        if path not in self._files:
-            self._files[path] = os.open(path, os.O_RDONLY)
-        data = os.pread(self._files[path], width * 4, offset)
-        return torch.from_numpy(np.frombuffer(data, dtype=np.int32).astype(np.int64))
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def ranges(self, indices: list[int]) -> list[tuple[str, int, int]]:
+        """The byte ranges of the windows at `indices`: ids, then labels when masked."""
         if self._chunks is None:
             self._open()
         assert self._chunks is not None and self._starts is not None
-        if not 0 <= index < self.length:
-            raise IndexError(index)
-        at = int(np.searchsorted(self._starts, index, side="right")) - 1
-        chunk = self._chunks[at]
-        step = (index - int(self._starts[at])) * chunk.width * 4
-        window = self._read(chunk.path, chunk.ids_at + step, chunk.width)
-        if chunk.labels_at is None:
-            return {"x": window[:-1], "y": window[1:]}
-        labels = self._read(chunk.path, chunk.labels_at + step, chunk.width)
-        return {"x": window[:-1], "y": labels[1:]}
+        found = []
+        for index in indices:
+            if not 0 <= index < self.length:
+                raise IndexError(index)
+            at = int(np.searchsorted(self._starts, index, side="right")) - 1
+            chunk = self._chunks[at]
+            step = (index - int(self._starts[at])) * chunk.width * 4
+            for name in (IDS, LABELS):
+                if name in chunk.at:
+                    start = chunk.at[name] + step
+                    found.append((chunk.path, start, start + chunk.width * 4))
+        return found
+
+    def fetch(self, indices: list[int]) -> list[bytes]:
+        """The bytes of the windows at `indices` (ids, then labels when masked, each)."""
+        ranges = self.ranges(indices)
+        if self.remote:
+            paths, starts, ends = zip(*ranges, strict=True) if ranges else ((), (), ())
+            return list(self._fs.cat_ranges(list(paths), list(starts), list(ends)))
+        return [self._pread(path, start, end - start) for path, start, end in ranges]
+
+    def _pread(self, path: str, offset: int, size: int) -> bytes:
+        if path not in self._files:
+            self._files[path] = os.open(path, os.O_RDONLY)
+        return os.pread(self._files[path], size, offset)
+
+    def __getitems__(self, indices: list[int]) -> list[Sample]:
+        """A batch's windows: fetched ahead when a sampler announced them, else now, at once."""
+        if self.ahead is not None:
+            data = self.ahead.take(indices, self.fetch)
+        else:
+            data = self.fetch(list(indices))
+        per = len(data) // max(1, len(indices))
+        return [_sample(data[i * per : (i + 1) * per]) for i in range(len(indices))]
+
+    def __getitem__(self, index: int) -> Sample:
+        return self.__getitems__([index])[0]
 
 
-def _layout(path: Path) -> list[Chunk]:
-    """The offsets of an Arrow stream file's windows, from its batch headers alone."""
-    import pyarrow as pa
-
-    with open(path, "rb") as handle:
-        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-    base = pa.py_buffer(mapped)
-    chunks = []
-    for batch in pa.ipc.open_stream(base).read_all().to_batches():
-        starts = [_values_at(batch.column(name), base.address) if name in batch.schema.names
-                  else None for name in ("input_ids", "labels")]  # fmt: skip
-        width = batch.column("input_ids").type.list_size
-        assert starts[0] is not None
-        chunks.append(Chunk(str(path), batch.num_rows, width, starts[0], starts[1]))
-    return chunks
-
-
-def _values_at(column: Any, base: int) -> int:
-    """The file offset of a fixed-size-list column's first int32 id (no nulls, no copy)."""
-    values = column.flatten()
-    if values.type != "int32" or column.null_count or values.null_count:
-        raise DataError("a prepared window column must hold int32 ids without nulls")
-    return int(values.buffers()[1].address + values.offset * 4 - base)
-
-
-def cache_root() -> Path:
-    default = Path.home() / ".cache" / PACKAGE / "prepared"
-    return Path(os.environ.get(CACHE_VARIABLE) or default)
-
-
-def local_copy(location: str, manifest: Manifest) -> str:
-    """A local folder holding the prepared dataset: itself, or its cached copy."""
-    if "://" not in location or location.startswith("file://"):
-        return location.removeprefix("file://")
-    target = cache_root() / manifest.fingerprint
-    if read_manifest(str(target)) is not None:
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fs, path = filesystem(location)
-    partial = tempfile.mkdtemp(prefix=".partial-", dir=target.parent)
-    try:
-        for split in ("train", "eval"):
-            fs.get(join(path, split), os.path.join(partial, split), recursive=True)
-        fs.get(join(path, MANIFEST), os.path.join(partial, MANIFEST))  # last: the copy is whole
-        os.replace(partial, target)
-    except OSError:
-        if read_manifest(str(target)) is None:  # not another process's copy, finished first
-            raise
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return str(target)
+def _sample(parts: list[bytes]) -> Sample:
+    window = torch.from_numpy(np.frombuffer(parts[0], dtype=np.int32).astype(np.int64))
+    targets = window if len(parts) == 1 else torch.from_numpy(
+        np.frombuffer(parts[1], dtype=np.int32).astype(np.int64)
+    )  # fmt: skip
+    return {"x": window[:-1], "y": targets[1:]}
 
 
 def open_prepared(
@@ -169,7 +166,7 @@ def open_prepared(
             f"{location!r} holds ids up to {manifest.vocab_size - 1}, beyond this model's "
             f"vocabulary of {vocab_size}"
         )
-    folder = local_copy(location, manifest)
-    train = PackedWindows(os.path.join(folder, "train"), manifest.sequences["train"])
-    held_out = PackedWindows(os.path.join(folder, "eval"), manifest.sequences["eval"])
+    folder = location.removeprefix("file://")
+    train = PackedWindows(join(folder, "train"), manifest.sequences["train"])
+    held_out = PackedWindows(join(folder, "eval"), manifest.sequences["eval"])
     return train, held_out, manifest

@@ -1,8 +1,7 @@
-"""Where a corpus comes from: local paths, globs, `gs://` URLs or `hf:NAME`, read by `datasets`."""
+"""Where a corpus comes from: local paths, globs, `gs://` URLs (any fsspec URL) or `hf:NAME`."""
 
 from __future__ import annotations
 
-import codecs
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,8 @@ BUILDERS = {
 RECORD_FORMATS = ("json", "parquet")  # raw bytes of these mean nothing to a model
 TEXT_TYPES = ("string", "large_string")
 GLOB_CHARS = "*?["
-PREPARED_FILES = ("prepared.json", "state.json", "dataset_info.json")  # never corpus files
+# A folder holding one of these is a prepared dataset (or one being written): never a corpus.
+DATASET_MARKERS = ("prepared.json", "prepare-plan.json")
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def resolve(inputs: list[str]) -> list[InputFile]:
             if not found:
                 raise DataError(f"no file matches {item!r}")
         elif fs.isdir(path):
-            found = sorted(p for p in fs.find(path) if builder_of(p) and not _prepared_file(p))
+            found = _corpus_files(fs.find(path))
             if not found:
                 raise DataError(
                     f"{item!r} holds no .txt, .jsonl, .json or .parquet file to prepare"
@@ -84,10 +84,10 @@ def resolve(inputs: list[str]) -> list[InputFile]:
     return sorted(files.values(), key=lambda f: f.url)
 
 
-def _prepared_file(path: str) -> bool:
-    """A file of a prepared dataset (or of one being written) inside a folder of inputs."""
-    parts = path.replace("\\", "/").split("/")
-    return parts[-1] in PREPARED_FILES or any(part.startswith(".partial-") for part in parts)
+def _corpus_files(paths: list[str]) -> list[str]:
+    """The known corpus files among `paths`, less those of prepared datasets among them."""
+    roots = [os.path.dirname(p) + "/" for p in paths if os.path.basename(p) in DATASET_MARKERS]
+    return sorted(p for p in paths if builder_of(p) and not any(p.startswith(r) for r in roots))
 
 
 def builder(files: list[InputFile]) -> str:
@@ -99,61 +99,6 @@ def builder(files: list[InputFile]) -> str:
             "prepare each format separately"
         )
     return str(kinds.pop())
-
-
-def local_copies(files: list[InputFile], scratch: Path) -> list[str]:
-    """Local paths of the files: remote ones are copied into `scratch` once, in order."""
-    paths = []
-    for index, item in enumerate(files):
-        if "://" not in item.url:
-            paths.append(item.url)
-            continue
-        fs, path = filesystem(item.url)
-        target = scratch / "inputs" / f"{index:06d}-{os.path.basename(path)}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fs.get(path, str(target))
-        paths.append(str(target))
-    return paths
-
-
-def first_undecodable(path: str) -> str | None:
-    """Where a file stops being UTF-8 (`file:line (byte N)`), or None if all of it decodes."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    offset, line = 0, 1
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            try:
-                decoder.decode(chunk)
-            except UnicodeDecodeError as error:
-                bad = offset + error.start
-                handle.seek(0)
-                line = handle.read(bad).count(b"\n") + 1
-                return f"{path}:{line} (byte {bad})"
-            offset += len(chunk)
-    try:
-        decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        return f"{path}: its last bytes (byte {offset})"
-    return None
-
-
-def load(paths: list[str], kind: str, cache_dir: Path) -> Any:
-    """The records of local files as a memory-mapped `datasets.Dataset`."""
-    from datasets import load_dataset
-
-    if all(os.path.getsize(path) == 0 for path in paths):
-        raise DataError(f"{', '.join(paths)[:200]} holds no documents: the corpus is empty")
-    if kind != "parquet":
-        for path in paths:
-            where = first_undecodable(path)
-            if where is not None:
-                raise DataError(f"undecodable bytes at {where}: the corpus must be UTF-8 text")
-    try:
-        return load_dataset(kind, data_files=paths, split="train", cache_dir=str(cache_dir))
-    except Exception as error:  # the builders' errors wrap the cause: name the first line
-        cause = error.__cause__ or error
-        message = (str(cause).strip() or type(cause).__name__).splitlines()[0][:300]
-        raise DataError(f"cannot read {', '.join(paths)[:200]}: {message}") from None
 
 
 def load_hub(name: str, cache_dir: Path) -> Any:

@@ -8,34 +8,19 @@ here imports `transformers` unless the model came from it: projects without it w
 
 from __future__ import annotations
 
-import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import nn
+
+from .common import HFConfigError, is_hf_model, unwrap
+
+if TYPE_CHECKING:
+    from .moe import MoeSettings
 
 __all__ = ["HFConfigError", "block_class", "is_hf_model", "prepare", "unwrap"]
 
 
-class HFConfigError(ValueError):
-    """A Hugging Face model, tokenizer or LoRA request that cannot run; the message says why."""
-
-
-def unwrap(model: nn.Module) -> Any:
-    """The `transformers` model inside `model` (itself, or the one peft wraps), else None."""
-    transformers = sys.modules.get("transformers")
-    if transformers is None:  # never imported: no model can come from it
-        return None
-    for module in model.modules():
-        if isinstance(module, transformers.PreTrainedModel):
-            return module
-    return None
-
-
-def is_hf_model(model: nn.Module) -> bool:
-    return unwrap(model) is not None
-
-
-def prepare(model: nn.Module) -> nn.Module:
+def prepare(model: nn.Module, moe: MoeSettings | None = None) -> nn.Module:
     """Make a `transformers` model train at XLA speed; other models pass through untouched.
 
     - Attention masks are built without reading the device (`masks.static_masks`):
@@ -43,13 +28,17 @@ def prepare(model: nn.Module) -> nn.Module:
     - The key/value cache is off: training never reuses it, and with activation
       checkpointing a recomputed layer would append to it a second time.
     - Attention runs through PyTorch's SDPA, which XLA lowers (eager works too, slower).
+    - Mixtures of experts compute their experts with static shapes, and return their
+      router's load-balancing loss while training (`moe.py`, with `moe`'s settings).
     """
     inner = unwrap(model)
     if inner is None:
         return model
     from .masks import static_masks
+    from .moe import prepare_experts
 
     static_masks()
+    prepare_experts(model, moe)
     inner.config.use_cache = False
     if inner.config._attn_implementation not in ("sdpa", "eager"):
         inner.set_attn_implementation("sdpa")

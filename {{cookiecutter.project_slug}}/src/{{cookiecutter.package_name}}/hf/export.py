@@ -9,8 +9,8 @@ from typing import Any
 
 from torch import nn
 
-from . import HFConfigError, unwrap
 from .byte_tokenizer import BYTE_VOCAB, byte_tokenizer
+from .common import HFConfigError, unwrap
 from .lora import is_lora
 
 

@@ -9,13 +9,17 @@ its seeded initialisation) when a run resumes, evaluates or exports.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import HFConfigError
+from .common import HFConfigError
+from .moe import experts_modules
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ def apply_lora(model: nn.Module, settings: LoraSettings, precision: str) -> nn.M
         ) from None
     settings.check_precision(precision)
     targets: Any = settings.target_modules
+    _check_expert_targets(model, targets)
     config = LoraConfig(
         r=settings.rank,
         lora_alpha=settings.alpha,
@@ -82,7 +87,8 @@ def apply_lora(model: nn.Module, settings: LoraSettings, precision: str) -> nn.M
         target_modules=targets if isinstance(targets, str) else list(targets),
     )
     try:
-        wrapped = get_peft_model(model, config)
+        with quiet_peft_wrapping():
+            wrapped = get_peft_model(model, config)
     except ValueError as error:  # peft: "Target modules {...} not found in the base model"
         first = str(error).strip().splitlines()[0]
         raise HFConfigError(f"lora.target_modules {targets!r} match nothing: {first}") from None
@@ -91,6 +97,41 @@ def apply_lora(model: nn.Module, settings: LoraSettings, precision: str) -> nn.M
             if not param.requires_grad and param.is_floating_point():
                 param.data = param.data.to(torch.bfloat16)
     return wrapped  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def quiet_peft_wrapping() -> Iterator[None]:
+    """Silence the one warning every LoRA run would print and no user can act on.
+
+    peft reads `model.is_gradient_checkpointing` when it wraps a model; transformers 5.23
+    deprecated that property with a FutureWarning on each read. Other warnings pass.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
+
+
+def _check_expert_targets(model: nn.Module, targets: tuple[str, ...] | str) -> None:
+    """Refuse targets naming a mixture's experts: stacked [experts, out, in] weights in one
+    module, not Linear layers, which peft's `target_modules` cannot wrap."""
+    experts = experts_modules(model)
+    if not experts or isinstance(targets, str):
+        return
+    ids = {id(module) for module in experts}
+    leaves = {id(m): name.rsplit(".", 1)[-1] for name, m in model.named_modules()}
+    names = {leaves[i] for i in ids}
+    names |= {name for module in experts for name, _ in module.named_parameters(recurse=False)}
+    names -= {leaf for i, leaf in leaves.items() if i not in ids}  # e.g. a shared expert's
+    for target in targets:
+        if target.rsplit(".", 1)[-1] in names:
+            raise HFConfigError(
+                f"lora.target_modules {target!r} names {type(experts[0]).__name__}'s stacked "
+                "expert weights, which peft cannot wrap as target modules (they are not Linear "
+                "layers): target the attention projections (q_proj, k_proj, v_proj, o_proj), "
+                "or 'all-linear'"
+            )
 
 
 def is_lora(model: nn.Module) -> bool:

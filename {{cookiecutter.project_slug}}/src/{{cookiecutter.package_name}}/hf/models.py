@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from . import HFConfigError
+from .common import HFConfigError
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ class Sizes:
     mlp_dim: int = 0  # 0: 4 x dim
     dropout: float = 0.0
     tie_embeddings: bool | None = None  # None: the architecture's own default
+    experts: int = 0  # a mixture of experts' experts per layer (0: the architecture's own)
+    experts_per_token: int = 0  # experts each token is routed to (0: the architecture's own)
 
     def check(self) -> None:
         kv_heads = self.kv_heads or self.heads
@@ -37,6 +39,11 @@ class Sizes:
             raise HFConfigError(f"dim {self.dim} is not a multiple of heads {self.heads}")
         if self.heads % kv_heads:
             raise HFConfigError(f"heads {self.heads} is not a multiple of kv_heads {kv_heads}")
+        if self.experts and self.experts_per_token > self.experts:
+            raise HFConfigError(
+                f"experts_per_token {self.experts_per_token} is more than the {self.experts} "
+                "experts"
+            )
 
     def config_values(self) -> dict[str, Any]:
         """The sizes under transformers' common config names (and GPT-2's own)."""
@@ -106,9 +113,43 @@ def decoder_config(architecture: str, sizes: Sizes) -> Any:
             f"unknown architecture {architecture!r}: transformers knows no such model type "
             f"(decoders it builds: {', '.join(architectures()[:12])}, ...)"
         )
-    config = AutoConfig.for_model(architecture, **sizes.config_values())
+    values = sizes.config_values()
+    values.update(_expert_values(architecture, sizes))
+    config = AutoConfig.for_model(architecture, **values)
     check_decoder(config, f"architecture {architecture!r}")
     return config
+
+
+# An expert's hidden size by its name in each family (Mixtral and OLMoE use the MLP's).
+EXPERT_FIELDS = {
+    "experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "experts_per_token": ("num_experts_per_tok",),
+    "mlp_dim": ("moe_intermediate_size", "shared_expert_intermediate_size"),
+}
+
+
+def _expert_values(architecture: str, sizes: Sizes) -> dict[str, Any]:
+    """The mixture-of-experts sizes under the names this architecture's config has."""
+    from transformers import CONFIG_MAPPING
+
+    from .moe import declares_experts
+
+    if not (sizes.experts or sizes.experts_per_token):
+        return {}
+    defaults = CONFIG_MAPPING[architecture]()
+    if not declares_experts(defaults):
+        raise HFConfigError(
+            f"architecture {architecture!r} has no experts: drop experts and "
+            "experts_per_token, or choose a mixture of experts (mixtral, qwen2_moe, "
+            "qwen3_moe, olmoe, ...)"
+        )
+    values: dict[str, Any] = {}
+    for size, names in EXPERT_FIELDS.items():
+        value = getattr(sizes, size) or (4 * sizes.dim if size == "mlp_dim" else 0)
+        for name in names:
+            if value and hasattr(defaults, name):
+                values[name] = value
+    return values
 
 
 def build_decoder(config: Any) -> nn.Module:

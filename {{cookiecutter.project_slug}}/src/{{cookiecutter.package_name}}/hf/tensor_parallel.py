@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from ..core.sharding import Rule, Spec
-from . import HFConfigError, unwrap
+from .common import HFConfigError, unwrap
 
 # Styles whose weight ([out, in], or an embedding's [vocab, dim]) splits its first dimension
 # over `tensor`, and styles that split the second.

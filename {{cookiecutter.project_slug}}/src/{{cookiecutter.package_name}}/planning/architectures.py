@@ -1,9 +1,10 @@
 """Decoder shapes `plan --architecture` builds without any config file: sizes known by name
-(Llama 3's 8B and 70B), or written out (`--size dim=4096,layers=32,...`), or both
-(`--size 8b,layers=16`: the 8B shape with 16 layers).
+(Llama 3's 8B and 70B, Mixtral's 8x7B), or written out (`--size dim=4096,layers=32,...`), or
+both (`--size 8b,layers=16`: the 8B shape with 16 layers).
 
-The shapes are the published configs' (meta-llama/Meta-Llama-3-8B and -70B, `config.json`):
-only what sizes parameters and activations matters here, not rotary or norm settings.
+The shapes are the published configs' (meta-llama/Meta-Llama-3-8B and -70B,
+mistralai/Mixtral-8x7B-v0.1, `config.json`): only what sizes parameters and activations
+matters here, not rotary or norm settings.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from ..hf.models import Sizes
 
 LLAMA3_VOCAB, LLAMA3_POSITIONS = 128256, 8192
+MIXTRAL_VOCAB, MIXTRAL_POSITIONS = 32000, 32768
 PRESETS: dict[str, dict[str, Sizes]] = {
     "llama": {
         "8b": Sizes(vocab=LLAMA3_VOCAB, positions=LLAMA3_POSITIONS, dim=4096, layers=32,
@@ -21,8 +23,14 @@ PRESETS: dict[str, dict[str, Sizes]] = {
         "70b": Sizes(vocab=LLAMA3_VOCAB, positions=LLAMA3_POSITIONS, dim=8192, layers=80,
                      heads=64, kv_heads=8, mlp_dim=28672, tie_embeddings=False),
     },
+    "mixtral": {
+        "8x7b": Sizes(vocab=MIXTRAL_VOCAB, positions=MIXTRAL_POSITIONS, dim=4096, layers=32,
+                      heads=32, kv_heads=8, mlp_dim=14336, tie_embeddings=False, experts=8,
+                      experts_per_token=2),
+    },
 }  # fmt: skip
-FIELDS = ("vocab", "positions", "dim", "layers", "heads", "kv_heads", "mlp_dim")
+FIELDS = ("vocab", "positions", "dim", "layers", "heads", "kv_heads", "mlp_dim", "experts",
+          "experts_per_token")  # fmt: skip
 REQUIRED = ("vocab", "dim", "layers", "heads")
 
 
@@ -67,6 +75,8 @@ def parse_size(architecture: str, text: str, seq_len: int) -> Sizes:
         heads=values["heads"],
         kv_heads=values.get("kv_heads", 0),
         mlp_dim=values.get("mlp_dim", 0),
+        experts=values.get("experts", 0),
+        experts_per_token=values.get("experts_per_token", 0),
     )
 
 

@@ -14,12 +14,16 @@ import typer
 
 DEFAULT_ACCELERATOR = "{{ cookiecutter.accelerator_type }}"  # the project's own
 ACCELERATOR_HELP = "TPU slice: v5litepod-8 (or v5e-8), v5p-64, v6e-256, v4-32, ..."
-MESH_HELP = "fsdp=8, fsdp=4,tensor=2, data=2,fsdp=2,tensor=2 (default: fsdp over every device)."
+MESH_HELP = (
+    "fsdp=8, fsdp=4,tensor=2, data=2,fsdp=2,tensor=2, fsdp=2,expert=4 (default: fsdp over "
+    "every device)."
+)
 HF_CONFIG_HELP = "Plan a Hugging Face decoder from its config: a cached name or a directory."
 ARCHITECTURE_HELP = "Plan a Hugging Face decoder of this model type (llama, qwen2, ...) and --size."
 SIZE_HELP = (
-    "The shape for --architecture: a known size (llama: 8b, 70b, Llama 3's), FIELD=N pairs "
-    "(vocab, dim, layers, heads, kv_heads, mlp_dim, positions), or both: 8b,layers=16."
+    "The shape for --architecture: a known size (llama: 8b, 70b, Llama 3's; mixtral: 8x7b), "
+    "FIELD=N pairs (vocab, dim, layers, heads, kv_heads, mlp_dim, positions, experts, "
+    "experts_per_token), or both: 8b,layers=16."
 )
 LEGACY_PRECISIONS = ("bf16-env", "bf16-env-downcast")
 
@@ -75,7 +79,7 @@ def plan(
 
     The model is built on the meta device (no memory, no download, no TPU, no XLA runtime).
     """
-    from ..cli import fail  # the CLI's one-line error (cli.py imports this module)
+    from ..cli_common import fail
     from ..training.config import ConfigError
 
     request = Request(
@@ -185,6 +189,7 @@ def make_plan(request: Request) -> Any:
         model=workload.task.name,
         parameters=workload.describe(),
         parameter_count=workload.counts()["total"],
+        active_parameter_count=workload.counts().get("active"),
         blocks=len(workload.blocks),
         precision=cfg.precision,
         optimizer=cfg.optimizer,

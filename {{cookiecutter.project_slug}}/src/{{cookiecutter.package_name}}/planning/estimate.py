@@ -66,7 +66,7 @@ class Estimate:
 
     mesh: MeshShape
     global_batch: int
-    samples_per_shard: int  # the samples each device works on: global / (data x fsdp)
+    samples_per_shard: int  # the samples each device works on: global / the batch axes
     parameters: int
     gradients: int
     optimizer: int
@@ -98,12 +98,12 @@ def check_mesh(mesh: MeshShape, accelerator: Accelerator) -> None:
 
 
 def check_batch(mesh: MeshShape, global_batch: int) -> int:
-    """The samples on each device: the batch split over the batch axes (data x fsdp)."""
+    """The samples on each device: the batch split over the batch axes (data, fsdp, expert)."""
     shards = math.prod(size for axis, size in mesh if axis in BATCH_AXES)
     if global_batch % shards:
         raise PlanError(
             f"a global batch of {global_batch} does not split into the {shards} batch shards "
-            "(data x fsdp) of the mesh: choose a batch that does"
+            "(data x fsdp x expert) of the mesh: choose a batch that does"
         )
     return global_batch // shards
 

@@ -22,6 +22,7 @@ class Plan:
     model: str
     parameters: str  # `parameters: 8.03B trainable of 8.03B (100.00%)`
     parameter_count: int  # every parameter's elements, a tied tensor once
+    active_parameter_count: int | None  # a mixture of experts': what one token uses
     blocks: int  # repeated blocks: what activation checkpointing recomputes
     precision: str
     optimizer: str
@@ -46,6 +47,7 @@ def as_json(plan: Plan) -> dict[str, Any]:
         "model": plan.model,
         "parameters": plan.parameters,
         "parameter_count": plan.parameter_count,
+        "active_parameter_count": plan.active_parameter_count,
         "blocks": plan.blocks,
         "precision": plan.precision,
         "optimizer": plan.optimizer,

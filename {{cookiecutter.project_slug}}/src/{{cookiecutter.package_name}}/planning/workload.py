@@ -32,7 +32,7 @@ from ..training.model import (
     parameter_counts,
     unscanned,
 )
-from ..training.optim import build_optimizer
+from ..training.optim import build_optimizer, counts_on_device
 
 Batch = dict[str, torch.Tensor]
 NEEDS_TRANSFORMERS = "{option} needs transformers: pip install -e '.[hf]'"
@@ -73,8 +73,11 @@ class HFConfigTask:
         return build_decoder(self.hf_config)
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        logits = model(input_ids=batch["x"]).logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["y"].flatten())
+        from ..hf.moe import add_router_loss
+
+        output = model(input_ids=batch["x"])
+        loss = F.cross_entropy(output.logits.flatten(0, 1).float(), batch["y"].flatten())
+        return add_router_loss(loss, model, output)
 
 
 class Workload:
@@ -124,12 +127,15 @@ class Workload:
         optimizer = build_optimizer(self.model, self.config, self.task)
         ops.prime_optimizer_state(optimizer)
         index = {id(p): i for i, p in enumerate(self.tensors)}
+        # The run counts device tensors only. On the meta device AdamW keeps its step counts
+        # on the host; on XLA they are device scalars (capturable), as the run builds it.
+        counters = counts_on_device(self.config, self.task)
         state = [
             StateTensor(index[id(param)], tuple(value.shape), value.element_size())
             for param, entries in optimizer.state.items()
-            for value in entries.values()
-            # The run counts device tensors only: AdamW's step counters live on the host.
-            if torch.is_tensor(value) and value.device.type == "meta"
+            for key, value in entries.items()
+            if torch.is_tensor(value)
+            and (value.device.type == "meta" or (counters and key == "step"))
         ]
         for param in self.tensors:
             param.grad = None

@@ -6,6 +6,7 @@
 - `commands`: the shell lines the workers run, and the shell files shipped with them
   (`kill.sh` frees the TPU, `status.sh` reads the startup script's progress);
 - `fanout`: one ssh or scp per worker, all at once, output prefixed, fail-fast;
+- `defaults`: the baked zone, project and TPU, and where the project lives on a worker;
 - `launch` and `cli`: the `pod run|sync|train|kill|status|nodes` commands, and each
   worker's environment (with several slices, the multislice variables of its slice).
 
@@ -32,6 +33,7 @@ from .commands import (
     snippet_command,
     status_command,
     train_command,
+    worker_train_command,
     xla_dist_command,
 )
 from .fanout import (
@@ -79,5 +81,6 @@ __all__ = [
     "status_command",
     "train_command",
     "worker_count",
+    "worker_train_command",
     "xla_dist_command",
 ]

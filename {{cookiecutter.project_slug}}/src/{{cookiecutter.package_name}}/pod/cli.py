@@ -9,8 +9,19 @@ from typing import Annotated
 
 import typer
 
+from ..cli_common import fail
 from . import commands
-from .launch import Launch, fail, launcher, legacy_launcher
+from .defaults import (
+    MARKER,
+    PACKAGE,
+    PROJECT,
+    REMOTE_DIR,
+    REMOTE_PYTHON,
+    STARTUP_LOG,
+    SYNC_PATHS,
+    ZONE,
+)
+from .launch import Launch, launcher, legacy_launcher
 from .slices import Host, nodes, requested_slices
 from .target import PodError, make_target
 
@@ -19,14 +30,6 @@ pod_app = typer.Typer(
     help="Run commands on every worker of a TPU pod (gcloud tpu-vm ssh/scp).",
 )
 
-PACKAGE = "{{ cookiecutter.package_name }}"
-ZONE = "{{ cookiecutter.zone }}"
-PROJECT = "{{ cookiecutter.gcp_project }}"
-REMOTE_DIR = "{{ cookiecutter.project_slug }}"
-REMOTE_PYTHON = "/opt/{{ cookiecutter.project_slug }}/.venv/bin/python"
-MARKER = "/var/lib/{{ cookiecutter.project_slug }}/startup.done"
-STARTUP_LOG = "/var/log/{{ cookiecutter.project_slug }}-startup.log"
-SYNC_PATHS = ("pyproject.toml", "README.md", "Makefile", "src", "configs", "scripts")
 
 Tpu = Annotated[str, typer.Option("--tpu", help="TPU VM name (make: TPU_NAME).")]
 Zone = Annotated[str, typer.Option(help="Zone of the TPU.")]
@@ -154,12 +157,13 @@ def train(
     env_of = launch.environments(env, accelerator)
     cli_args = ["train", "--accelerator", accelerator, "--devices", devices, *(args or [])]
     legacy_launcher(launch, [python, "-m", PACKAGE, *cli_args], env_of, docker)
-    line = commands.train_command(PACKAGE, python, accelerator, devices, args or [])
 
     def command(host: Host) -> str:
         if docker:
             return commands.docker_command(docker, env_of(host), cli_args)
-        return commands.remote_command(line, env_of(host), remote_dir)
+        return commands.worker_train_command(
+            PACKAGE, python, accelerator, devices, args or [], env_of(host), remote_dir
+        )
 
     outcome = launch.run(command)
     if outcome.exit_code and cleanup and not dry_run:

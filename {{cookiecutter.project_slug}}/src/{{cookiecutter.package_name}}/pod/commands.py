@@ -86,6 +86,21 @@ def train_command(
     return "PYTHONPATH=src " + shlex.join([*argv, *args])
 
 
+def worker_train_command(
+    package: str,
+    python: str,
+    accelerator: str,
+    devices: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    remote_dir: str,
+) -> str:
+    """The whole line a worker runs to train: `pod train` sends it over ssh to each worker,
+    a SkyPilot task (`spot task`) runs it on every host of its slice."""
+    line = train_command(package, python, accelerator, devices, args)
+    return remote_command(line, env, remote_dir)
+
+
 def docker_command(image: str, env: Mapping[str, str], args: Sequence[str]) -> str:
     """`docker run` of the image (whose entrypoint is the CLI) with the TPU and host network."""
     env_flags = [item for key, value in env.items() for item in ("-e", f"{key}={value}")]
@@ -109,9 +124,10 @@ def status_command(marker: str, log: str) -> str:
     return snippet_command(shell_script(STATUS_SCRIPT), [marker, log], as_root=False)
 
 
-def install_command(python: str) -> str:
-    """Install the synced project's dependencies into the workers' Python."""
-    pip = shlex.join([python, "-m", "pip", "install", "--quiet", "."])
+def install_command(python: str, extras: Sequence[str] = ()) -> str:
+    """Install the synced project (with `extras`) and its dependencies into the workers' Python."""
+    project = f".[{','.join(extras)}]" if extras else "."
+    pip = shlex.join([python, "-m", "pip", "install", "--quiet", project])
     folder = shlex.quote(os.path.dirname(python) or ".")
     return f"if [ -w {folder} ]; then {pip}; else sudo -n {pip}; fi"
 

@@ -19,10 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..cli_common import EXIT_PREEMPTED
 from .slices import Host
 from .target import PodError, Target
 
 STOP_GRACE_SECONDS = 10.0
+# Exits that stop no other worker: done, or preempted and saved (every worker of a pod stops
+# at the same step and saves its shards; stopping the others would cut their saves short).
+NOT_FAILURES = frozenset({0, EXIT_PREEMPTED})
 # gcloud creates its ssh key on first use; parallel first uses race to create the same file.
 GCLOUD_SSH_KEY = Path("~/.ssh/google_compute_engine")
 
@@ -136,7 +140,7 @@ def fan_out(
         while len(codes) < len(procs) and not failed:
             index, code = finished.get()
             codes[index] = code
-            failed = fail_fast and code != 0
+            failed = fail_fast and code not in NOT_FAILURES
     finally:
         running = [i for i in procs if i not in codes]
         _stop({i: procs[i] for i in running})
@@ -171,7 +175,7 @@ def _drain(finished: queue.Queue[tuple[int, int]], codes: dict[int, int], fail_f
     while not finished.empty():
         worker, code = finished.get()
         codes[worker] = code
-        failed = failed or (fail_fast and code != 0)
+        failed = failed or (fail_fast and code not in NOT_FAILURES)
     return failed
 
 

@@ -7,10 +7,10 @@ import shlex
 import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import NoReturn
 
 import typer
 
+from ..cli_common import fail
 from ..core.multislice import multislice_environment
 from ..core.runtime import RuntimeConfigError, topology
 from . import commands, fanout
@@ -18,12 +18,6 @@ from .slices import Host, hosts, nodes, requested_slices
 from .target import PodError, describe_workers, endpoints, make_target
 
 Command = str | Callable[[Host], str]
-
-
-def fail(message: str) -> NoReturn:
-    """One clear line on stderr and exit code 2 (a usage error)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 class Launch:

@@ -34,6 +34,10 @@ class Task(Protocol):
       summarize(means) -> dict         derived eval metrics (perplexity, ...)
       configure_optimizer(model, config) -> torch.optim.Optimizer
                                        the task's own optimizer instead of `optimizer = ...`
+      train_metrics(model) -> dict[str, torch.Tensor]
+                                       device scalars of the last training forward, logged
+                                       with the loss (default: a mixture of experts' router
+                                       numbers)
     """
 
     name: str
@@ -90,6 +94,17 @@ def block_class(task: Task, model: nn.Module) -> type[nn.Module] | None:
     from ..core.layers import block_class_of
 
     return getattr(task, "block_class", None) or hf.block_class(model) or block_class_of(model)
+
+
+def train_metrics(task: Task, model: nn.Module) -> dict[str, torch.Tensor]:
+    """Device scalars of the last training forward to log with its loss: the task's
+    `train_metrics(model)`, else a Hugging Face mixture of experts' router numbers."""
+    hook = getattr(task, "train_metrics", None)
+    if callable(hook):
+        return dict(hook(model))
+    from ..hf.moe import router_metrics  # empty for a model without experts
+
+    return router_metrics(model)
 
 
 def summarize(task: Task, means: dict[str, float]) -> dict[str, float]:

@@ -2,7 +2,9 @@
 
 `architecture = "llama"` (or qwen2, gemma, mistral, gpt2, phi3, ...) builds a model of that
 architecture from a config with the size options below: no download, a byte-level
-vocabulary of 256 like the `lm` example. `model_name` starts from a pretrained model
+vocabulary of 256 like the `lm` example. A mixture of experts (mixtral, qwen2_moe,
+qwen3_moe, olmoe, ...) takes `experts` and `experts_per_token` too; its training loss
+includes its router's load-balancing loss. `model_name` starts from a pretrained model
 instead: its weights and its tokenizer must already be in the local Hugging Face cache (run
 `hf download NAME` once where there is network access), or `model_name` is a local
 directory written by `save_pretrained`. Nothing is downloaded at run time.
@@ -37,13 +39,14 @@ from ..hf.models import (
     load_tokenizer,
     pretrained_config,
 )
+from ..hf.moe import add_router_loss
 from ._corpus import TextSplits, text_splits, token_loss, token_metrics
 
 Batch = dict[str, torch.Tensor]
 
 # Options that shape a model built from a config; a pretrained model brings its own.
 ARCHITECTURE_OPTIONS = ("architecture", "dim", "layers", "heads", "kv_heads", "mlp_dim",
-                        "dropout", "tie_embeddings")  # fmt: skip
+                        "dropout", "tie_embeddings", "experts", "experts_per_token")  # fmt: skip
 
 
 @dataclass
@@ -60,6 +63,8 @@ class HFCausalLMTask:
     mlp_dim: int = 0  # 0: 4 x dim
     dropout: float = 0.0
     tie_embeddings: bool | None = None  # None: the architecture's default
+    experts: int = 0  # a mixture of experts' experts per layer (0: the architecture's)
+    experts_per_token: int = 0  # 0: the architecture's
     max_bytes: int = 1_000_000
     eval_fraction: float = 0.05
 
@@ -98,7 +103,7 @@ class HFCausalLMTask:
     def sizes(self) -> Sizes:
         return Sizes(
             BYTE_VOCAB, self.seq_len, self.dim, self.layers, self.heads, self.kv_heads,
-            self.mlp_dim, self.dropout, self.tie_embeddings,
+            self.mlp_dim, self.dropout, self.tie_embeddings, self.experts, self.experts_per_token,
         )  # fmt: skip
 
     @property
@@ -120,7 +125,9 @@ class HFCausalLMTask:
         return model(input_ids=batch["x"]).logits  # type: ignore[no-any-return]
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        return token_loss(self.logits(model, batch), batch["y"])  # -100 carries no loss
+        output = model(input_ids=batch["x"])
+        loss = token_loss(output.logits, batch["y"])  # -100 carries no loss
+        return add_router_loss(loss, model, output)  # a mixture of experts' balancing loss
 
     def metrics(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
         return token_metrics(self.logits(model, batch), batch["y"])

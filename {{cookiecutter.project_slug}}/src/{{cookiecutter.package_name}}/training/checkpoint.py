@@ -7,8 +7,9 @@ the config, and every host's random generators. Storage is core.checkpointing.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -31,6 +32,9 @@ FORMAT = "{{ cookiecutter.package_name }}-checkpoint"
 VERSION = 2
 
 __all__ = ["FORMAT", "CheckpointError", "Checkpointer", "read_config", "resume_location"]
+
+# Times a checkpoint `save` or `restore` of a step in a directory (the run's goodput timeline).
+Timed = Callable[[str, int, str], AbstractContextManager[None]]
 
 
 def default_directory(run_dir: str, checkpoint_dir: str) -> str:
@@ -100,6 +104,7 @@ class Checkpointer:
         host_read: Callable[[], AbstractContextManager[None]],
         *,
         stream_state: Callable[[Progress], str] | None = None,
+        timed: Timed | None = None,
     ) -> None:
         self.steps = CheckpointStore(directory, keep, async_save, preemption)
         self.best = CheckpointStore(directory.rstrip("/") + "-best", 1, async_save)
@@ -110,6 +115,7 @@ class Checkpointer:
         self.config = config
         self.host_read = host_read
         self.stream_state = stream_state  # a resumable stream's state after the trained batches
+        self.timed: Timed = timed or (lambda kind, step, directory: nullcontext())
         self.restored_stream = ""  # the state a restored checkpoint held for this host's stream
         self.last_good: str | None = None
         self.saved_step: int | None = None  # the step the last regular save wrote
@@ -152,12 +158,13 @@ class Checkpointer:
         """Write a checkpoint unless the weights are not finite (then return None)."""
         if not best and self.saved_step == progress.step:
             return self.last_good  # already written at this step
-        ops.sync()
-        if not self.weights_finite():
-            return None
         store = self.best if best else self.steps
-        with self.host_read():
-            path = store.save(progress.step, self.state(progress))
+        with self.timed("save", progress.step, store.directory):
+            ops.sync()
+            if not self.weights_finite():
+                return None
+            with self.host_read():
+                path = store.save(progress.step, self.state(progress))
         if not best:
             self.last_good, self.saved_step = path, progress.step
         return path
@@ -175,7 +182,9 @@ class Checkpointer:
             state["rng"] = {}  # saved by fewer hosts: this one keeps its own generators
         if f"data.{host}.stream" not in saved_keys(path):
             state["data"] = {}  # saved before streams were, or by fewer hosts: replayed
-        read(path, state)
+        step = posixpath.basename(path.rstrip("/"))
+        with self.timed("restore", int(step) if step.isdigit() else 0, path):
+            read(path, state)
         self.strategy.load_model_state_dict(self.model, state["model"])
         saved = state["optimizer"]["state"]
         for param, name in self.names.items():
@@ -199,8 +208,9 @@ class Checkpointer:
 
     def finish(self) -> None:
         """Wait for background writes; raise CheckpointError if one failed."""
-        self.steps.finish()
-        self.best.finish()
+        with self.timed("save", self.saved_step or 0, self.steps.directory):
+            self.steps.finish()
+            self.best.finish()
 
 
 def _block(value: Any, index: int | None) -> Any:

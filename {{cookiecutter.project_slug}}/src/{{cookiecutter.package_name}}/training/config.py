@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 {%- if cookiecutter.python_version != "3.10" %}
 import tomllib
 {%- endif %}
@@ -14,9 +15,9 @@ import tomli as tomllib
 {%- endif %}
 import yaml
 
+from .errors import ConfigError
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says which key and why."""
+GOODPUT_MODES = ("local", "cloud", "off")
 
 
 @dataclass
@@ -43,6 +44,8 @@ class TrainConfig:
     schedule: str = "cosine"
     grad_accum: int = 1
     grad_clip: float = 1.0
+    # Trace the step once and replay its graph (false: trace every step, as torch_xla does)
+    replay_step: bool = True
     eval_every: int = 0
     log_every: int = 20
     checkpoint_every: int = 0
@@ -55,11 +58,14 @@ class TrainConfig:
     num_workers: int = 0
     compile_cache: str = "auto"  # on TPU a shared folder; "off", or a path
     resume: str = ""  # "", "auto", "latest", or a checkpoint (directory) path or URL
+    # Goodput records beside the checkpoints: "local", "cloud" (also to Cloud Logging), "off".
+    goodput: str = "local"
     profile_steps: int = 0
     profile_port: int = 9012
     metrics_report: bool = False
     task_options: dict[str, Any] = field(default_factory=dict)
     lora: dict[str, Any] = field(default_factory=dict)  # empty: full training (see lora.py)
+    moe: dict[str, Any] = field(default_factory=dict)  # mixtures of experts (see hf/moe.py)
     # [[pattern, [axis or null per dimension]], ...]: parameter layouts over the mesh
     sharding_rules: list[Any] = field(default_factory=list)
 
@@ -94,7 +100,7 @@ class TrainConfig:
             raise ConfigError(
                 f"grad_clip must not be negative (0 disables it), got {self.grad_clip}"
             )
-        from .optim import OPTIMIZERS, SCHEDULES
+        from .optim import OPTIMIZERS, SCHEDULES  # torch, once a config is checked
 
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"unknown schedule {self.schedule!r}: use {', '.join(SCHEDULES)}")
@@ -107,6 +113,13 @@ class TrainConfig:
             Precision.from_name(self.precision)
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        if self.goodput not in GOODPUT_MODES:
+            raise ConfigError(f"unknown goodput {self.goodput!r}: use {', '.join(GOODPUT_MODES)}")
+        if self.goodput == "cloud" and importlib.util.find_spec("ml_goodput_measurement") is None:
+            raise ConfigError(
+                'goodput = "cloud" writes through ml-goodput-measurement: '
+                "pip install -e '.[goodput]'"
+            )
         if self.resume.lower() in ("true", "1", "yes"):
             self.resume = "latest"  # a bare --resume, or resume = true in a file
         if "://" in self.run_dir:
@@ -123,6 +136,14 @@ class TrainConfig:
 
             try:
                 LoraSettings.from_dict(self.lora).check_precision(self.precision)
+            except HFConfigError as error:
+                raise ConfigError(str(error)) from None
+        if self.moe:
+            from ..hf import HFConfigError
+            from ..hf.moe import MoeSettings
+
+            try:
+                MoeSettings.from_dict(self.moe)
             except HFConfigError as error:
                 raise ConfigError(str(error)) from None
         return self

@@ -5,8 +5,11 @@ from __future__ import annotations
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..core import DeviceFeeder, Strategy, prepare_dataloader
+from ..data.readahead import ReadAheadSampler
 from ..tasks import Task
 from .config import ConfigError, TrainConfig
+
+READ_AHEAD_BATCHES = 4  # batches of a remote dataset fetched while the step runs
 
 
 def training_data(
@@ -35,13 +38,37 @@ def training_data(
                 f"the training set has {len(dataset)} samples, fewer than one global "  # type: ignore[arg-type]
                 f"batch ({needed}): lower batch_size"
             )
+    sampler = _read_ahead(dataset, replicas, rank, per_process, config)
     loader = DataLoader(
         dataset,
         batch_size=per_process,
-        shuffle=not streaming,
+        shuffle=not streaming and sampler is None,
+        sampler=sampler,
         drop_last=True,
         num_workers=config.num_workers,
     )
     sharded = prepare_dataloader(loader, replicas, rank, seed=config.seed)
     feeder = DeviceFeeder(sharded, strategy, cut_steps=False)  # the loop cuts each step
     return feeder, None if streaming else len(sharded) // config.grad_accum
+
+
+def _read_ahead(
+    dataset: object, replicas: int, rank: int, per_process: int, config: TrainConfig
+) -> ReadAheadSampler | None:
+    """For a dataset read over the network (a prepared dataset on gs://), the sampler that
+    has it fetch the next batches while the step runs; None: the usual shuffling sampler.
+
+    With DataLoader workers, they prefetch in their own processes instead.
+    """
+    if not getattr(dataset, "reads_ahead", False) or config.num_workers:
+        return None
+    return ReadAheadSampler(
+        dataset,
+        ahead=READ_AHEAD_BATCHES * per_process,
+        group=per_process,
+        num_replicas=replicas,
+        rank=rank,
+        shuffle=True,
+        seed=config.seed,
+        drop_last=True,
+    )

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..core import Plan, Precision, Strategy, memory, ops, runtime
+from ..core import Plan, Precision, memory, ops, runtime
+from ..goodput.timeline import Timeline
 from ..tasks import Task, block_class, load_task
 from .checkpoint import Checkpointer, default_directory, resume_location
 from .config import ConfigError, TrainConfig
@@ -21,36 +21,9 @@ from .model import build_model, describe_parameters, parameter_counts, sharding_
 from .optim import build_optimizer, build_scheduler
 from .reporting import Reporter
 from .state import Progress
+from .step import TrainStep
 from .throughput import Meter, Peak, count_flops, throughput_line
 from .watch import Preemption, RunWatch
-
-
-@dataclass
-class TrainStep:
-    """One micro-batch forward and backward; the optimizer steps on the last micro-batch."""
-
-    task: Task
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    strategy: Strategy
-    precision: Precision
-    config: TrainConfig
-
-    def __call__(self, batch: dict[str, torch.Tensor], last_micro: bool) -> torch.Tensor:
-        batch = self.precision.convert_batch(batch)
-        with self.precision.forward_context():
-            loss = self.task.loss(self.model, batch)
-        accum = self.config.grad_accum
-        (loss / accum if accum > 1 else loss).backward()  # `/ 1` would still be a graph node
-        if last_micro:
-            self.strategy.reduce_gradients(self.optimizer)
-            if self.config.grad_clip:  # after the cross-replica reduction
-                nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach().float()
 
 
 def due(every: int, step: int) -> bool:
@@ -67,12 +40,18 @@ def fit(
     """Train to the configured length (or until SIGTERM) and return the run's summary."""
     cfg, strategy = config, plan.strategy
     precision = Precision.from_name(cfg.precision)
+    # Where the time goes, in Google's goodput categories: from here, data loading.
+    clock = Timeline.of_run(cfg, default_directory(cfg.run_dir, cfg.checkpoint_dir))
     task = task or load_task(cfg.task, cfg.data, cfg.task_options)
 
     # ---- set-up --------------------------------------------------------------------
+    clock.phase("tpu_init")
+    runtime.device()  # the XLA runtime starts here
+    clock.phase("training_prep")
     if cfg.scan_layers:
         strategy.check_scan()
     model = build_model(task, cfg, model)  # seeded, adapted (HF, LoRA, scan), cast
+    model.train()  # from_pretrained gives a model in eval mode: its dropout would be off
     cache = runtime.compile_cache_dir(cfg.compile_cache, plan.accelerator)
     ops.initialize_compile_cache(cache, readonly=not strategy.is_local_master())
     ops.set_rng_state(cfg.seed)
@@ -93,6 +72,7 @@ def fit(
         directory, cfg.keep_checkpoints, cfg.async_checkpoint, plan.accelerator == "tpu",
         strategy, model, optimizer, scheduler, cfg.to_dict(), watch.host_read,
         stream_state=lambda done: train_feeder.stream_state(done.batches_done * cfg.grad_accum),
+        timed=clock.checkpoint,
     )  # fmt: skip
     progress = Progress()
     resume_from = resume_location(cfg.resume, directory)
@@ -107,7 +87,7 @@ def fit(
     diagnostics = Diagnostics(
         Path(cfg.run_dir), cfg.profile_steps, cfg.profile_port, cfg.metrics_report, master
     )
-    step = TrainStep(task, model, optimizer, scheduler, strategy, precision, cfg)
+    step = TrainStep(task, model, optimizer, scheduler, strategy, precision, cfg, watch.host_read)
     replicas = strategy.data_layout()[0]
     global_batch = cfg.batch_size * strategy.local_devices() * replicas
     flops = count_flops(task, train_feeder.sample)  # of one process's batch
@@ -130,45 +110,51 @@ def fit(
 
     # ---- the loop ------------------------------------------------------------------
     diverged: list[int] = []  # steps whose logged loss was NaN or infinite
+    logged: dict[str, float] = {}  # the last logged values of the step's metrics
 
-    def log_loss(at: int, loss: torch.Tensor, lr: float) -> None:
-        with watch.host_read():
-            value = float(loss.item())
+    def log_loss(at: int, loss: torch.Tensor, lr: float, metrics: dict[str, Any]) -> None:
+        with watch.host_read():  # the loss and the step's metrics: one transfer
+            value, *values = ops.to_host([loss, *metrics.values()])
         if not math.isfinite(value):
             diverged.append(at)
         progress.losses.append((at, value))
-        reporter.scalars(at, {"loss": value, "lr": lr, **meter.tick(at)}, "train")
+        named = dict(zip(metrics, values, strict=True))
+        logged.update(named)
+        reporter.scalars(at, {"loss": value, **named, "lr": lr, **meter.tick(at)}, "train")
 
     first: dict[str, float] = {}
     cadence = max(1, cfg.log_every)  # of host reads: loss logging and the stop agreement
     eval_metrics: dict[str, float] = {}
     evaluated_at = None
     status = "completed"
+    clock.loop_started(progress.step, master)
     with Preemption() as preemption:
         watch.loop_started(progress.step)
         while progress.step < total and status == "completed":
-            micro: list[torch.Tensor] = []  # losses of the step's micro-batches so far
+            micro: list[Any] = []  # the step's micro-batches so far
             stepped = progress.step
             skip = progress.batches_done * cfg.grad_accum  # started there, not read again
             batches = train_feeder.epoch(progress.epoch, skip, saver.restored_stream)
             saver.restored_stream = ""  # the next epoch starts the stream afresh
             for batch in batches:
-                micro.append(step(batch, last_micro=len(micro) + 1 == cfg.grad_accum))
+                micro.append(batch)
                 if len(micro) < cfg.grad_accum:
                     continue
-                loss = micro[0] if len(micro) == 1 else torch.stack(micro).mean()
+                loss = step(micro)  # queued on the device: nothing here waits for it
                 micro = []
                 progress.step += 1
                 progress.batches_done += 1
                 at = progress.step
                 if cfg.log_every and (due(cfg.log_every, at) or at == total):
                     lr = scheduler.get_last_lr()[0]
-                    ops.add_step_closure(log_loss, (at, loss, lr))  # runs after the step
+                    ops.add_step_closure(log_loss, (at, loss, lr, step.metrics))  # after it
                     watch.check(at)  # fail fast, on the logging cadence
                 ops.sync()  # one graph per optimizer step, however many micro-batches
                 if at == watch.start_step + 1:  # compiled and ran: report, then time the rest
                     first = watch.first_step()
                     reporter.line(throughput_line(first))
+                    if step.reason is not None:
+                        reporter.line(f"step: traced every step ({step.reason})")
                     meter.start(at)
                 on_cadence = due(cadence, at)
                 # Processes must agree to stop, or one would wait forever in a collective;
@@ -178,7 +164,8 @@ def fit(
                         status = "diverged"
                         break
                 if due(cfg.eval_every, at):
-                    eval_metrics, evaluated_at = evaluate(model), at
+                    with clock.badput("eval"):
+                        eval_metrics, evaluated_at = evaluate(model), at
                     reporter.scalars(at, eval_metrics, "eval")
                     # Every process holds the same reduced value: they take the same branch.
                     if eval_metrics["loss"] < progress.best:  # never true for NaN
@@ -190,6 +177,7 @@ def fit(
                     break
                 watch.after_step(at, evaluate.runs)
                 diagnostics.after_step(at, watch.clock)
+                clock.step(at)  # before the stop: a stop-and-save belongs to the disruption
                 with watch.host_read(possible=on_cadence):
                     requested = strategy.agree_to_stop(preemption.requested, on_cadence)
                 if requested or saver.reached_preemption(at):
@@ -205,9 +193,11 @@ def fit(
                 progress.epoch += 1
                 progress.batches_done = 0
     watch.loop_ended()
+    clock.loop_ended(status)
 
     # ---- the end -------------------------------------------------------------------
     rate = watch.steps_per_second(progress.step)
+    host_ms = watch.host_ms_per_step(progress.step)
     if status == "completed" and evaluated_at != progress.step:
         eval_metrics = evaluate(model)
         reporter.scalars(progress.step, eval_metrics, "eval")
@@ -224,9 +214,11 @@ def fit(
         "epochs": progress.epoch,
         "final_train_loss": progress.losses[-1][1] if progress.losses else None,
         "train_losses": [list(item) for item in progress.losses],
+        "train_metrics": logged,
         "eval": eval_metrics,
         **watch.counters(),
         "steps_per_second": round(rate, 3),
+        "host_ms_per_step": round(host_ms, 3),
         **first,
         "throughput": meter.summary(rate),
         "accelerator": plan.accelerator,
@@ -237,9 +229,11 @@ def fit(
         "tied_parameters": ties.to_dict(),
         "parameters": parameters,
         "compile_cache": ops.compile_cache_use(cache),
+        "step": {"replayed": step.reason is None, "traced_because": step.reason},
         "memory": {**state_bytes, "device_peak_bytes": memory.device_peak_bytes(runtime.device())},
         "run_dir": str(cfg.run_dir),
     }
+    summary["records"] = clock.finished(status, progress.step)
     graphs = 1 + (1 if cfg.eval_every else 0)
     steps_run = progress.step - watch.start_step
     summary.update(diagnostics.finish(watch.loop_counters(), steps_run, graphs, watch.loop_reads))

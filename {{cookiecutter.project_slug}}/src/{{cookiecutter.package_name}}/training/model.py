@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -14,6 +15,9 @@ from ..core.layers import enable_scan
 from ..core.sharding import Rule, parse_rules
 from ..tasks import Task
 from .config import ConfigError, TrainConfig
+
+if TYPE_CHECKING:
+    from ..hf.moe import MoeSettings
 
 
 def build_model(task: Task, config: TrainConfig, model: nn.Module | None = None) -> nn.Module:
@@ -26,7 +30,7 @@ def build_model(task: Task, config: TrainConfig, model: nn.Module | None = None)
     """
     ops.seed_host(config.seed)  # the model's initial weights depend on it
     model = model if model is not None else task.build_model()
-    hf.prepare(model)
+    hf.prepare(model, moe_settings(config))
     if config.lora:
         from ..hf.lora import LoraSettings, apply_lora
 
@@ -48,7 +52,8 @@ def sharding_rules(
 ) -> list[Rule]:
     """How parameters are laid out over the mesh, first match wins: the config's
     `sharding_rules`, the task's `sharding_rules`, then a Hugging Face model's own
-    tensor-parallel plan when the mesh has a `tensor` axis."""
+    tensor-parallel plan when the mesh has a `tensor` axis and expert-parallel plan when it
+    has an `expert` axis."""
     written = parse_rules(config.sharding_rules, "sharding_rules")
     if written and not strategy.lays_out_parameters:
         raise RuntimeConfigError(
@@ -63,7 +68,7 @@ def mesh_rules(
     task: Task, model: nn.Module, config: TrainConfig, mesh: Mapping[str, int]
 ) -> list[Rule]:
     """The rules on a mesh of these axis sizes (what `plan` asks of meshes it only imagines);
-    the task's `check_mesh` and a Hugging Face model's head count may refuse the mesh."""
+    the task's `check_mesh` and a Hugging Face model's head or expert count may refuse it."""
     written = parse_rules(config.sharding_rules, "sharding_rules")
     rules = written + parse_rules(getattr(task, "sharding_rules", ()), f"task {task.name!r}")
     check = getattr(task, "check_mesh", None)
@@ -74,7 +79,21 @@ def mesh_rules(
         from ..hf.tensor_parallel import tensor_parallel_rules
 
         rules += tensor_parallel_rules(model, tensor)
+    expert = mesh.get("expert", 1)
+    if expert > 1 and hf.is_hf_model(model):
+        from ..hf.expert_parallel import expert_parallel_rules
+
+        rules += expert_parallel_rules(model, expert)
     return rules
+
+
+def moe_settings(config: TrainConfig) -> MoeSettings | None:
+    """The `[moe]` table's settings (None: the defaults; transformers may be absent)."""
+    if not config.moe:
+        return None
+    from ..hf.moe import MoeSettings
+
+    return MoeSettings.from_dict(config.moe)
 
 
 def unscanned(config: TrainConfig) -> TrainConfig:
@@ -84,19 +103,31 @@ def unscanned(config: TrainConfig) -> TrainConfig:
 
 
 def parameter_counts(model: nn.Module) -> dict[str, int]:
-    """Trainable and total parameters (elements; a tied tensor counts once)."""
+    """Trainable and total parameters (elements; a tied tensor counts once), and for a
+    mixture of experts those one token uses (`active`: its top-k experts, not all)."""
     params = list(model.parameters())  # distinct tensors
-    return {
+    counts = {
         "trainable": sum(p.numel() for p in params if p.requires_grad),
         "total": sum(p.numel() for p in params),
     }
+    if hf.is_hf_model(model):
+        from ..hf.moe import active_parameters
+
+        active = active_parameters(model)
+        if active is not None:
+            counts["active"] = active
+    return counts
 
 
 def describe_parameters(counts: dict[str, int]) -> str:
-    """One line for the start-of-run report: trainable against total parameters."""
+    """One line for the start-of-run report: trainable against total parameters (and the
+    active ones of a mixture of experts)."""
     trainable, total = counts["trainable"], counts["total"]
     share = 100.0 * trainable / max(total, 1)
-    return f"parameters: {_count(trainable)} trainable of {_count(total)} ({share:.2f}%)"
+    line = f"parameters: {_count(trainable)} trainable of {_count(total)} ({share:.2f}%)"
+    if "active" in counts:
+        line += f", {_count(counts['active'])} active per token"
+    return line
 
 
 def _count(n: int) -> str:

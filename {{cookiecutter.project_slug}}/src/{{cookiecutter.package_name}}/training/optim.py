@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from .config import ConfigError, TrainConfig
+from .errors import ConfigError
+
+
+class OptimizerSettings(Protocol):
+    """The config keys an optimizer and its schedule are built from (a TrainConfig's)."""
+
+    optimizer: str
+    lr: float
+    weight_decay: float
+    optimizer_options: dict[str, Any]
+    schedule: str
+    warmup_steps: int
 
 
 class Adafactor(torch.optim.Adafactor):
@@ -20,8 +31,11 @@ class Adafactor(torch.optim.Adafactor):
     step's graph, and the first step's decay of exactly 1.0 becomes a constant of a
     graph of its own. Here the step count lives beside the parameter and the clamps
     run on the device: one graph for every step. The math, the hyperparameters and the
-    state names (`step`, `row_var`, `col_var`, `variance`) are torch's.
+    state names (`step`, `row_var`, `col_var`, `variance`) are torch's. The learning
+    rate may be a device scalar: a replayed step feeds it as an input.
     """
+
+    takes_device_lr = True
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -30,7 +44,7 @@ class Adafactor(torch.optim.Adafactor):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr = float(group["lr"])
+            lr = group["lr"]
             eps1, eps2 = group["eps"]
             for param in group["params"]:
                 if param.grad is None:
@@ -85,8 +99,18 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
 SCHEDULES = ("cosine", "linear", "constant")
 
 
+def counts_on_device(config: OptimizerSettings, task: Any = None) -> bool:
+    """Whether the run's optimizer keeps its step counts on the device: AdamW, made
+    capturable on XLA (its step count and bias corrections computed there, so a replayed
+    step needs no host number but the learning rate, which it takes as an input)."""
+    if callable(getattr(task, "configure_optimizer", None)):
+        return False  # the task's own: as it builds it
+    adamw = OPTIMIZERS[config.optimizer] is torch.optim.AdamW
+    return adamw and bool(config.optimizer_options.get("capturable", True))
+
+
 def build_optimizer(
-    model: nn.Module, config: TrainConfig, task: Any = None
+    model: nn.Module, config: OptimizerSettings, task: Any = None
 ) -> torch.optim.Optimizer:
     """The task's `configure_optimizer(model, config)` if it has one, else `config.optimizer`."""
     hook = getattr(task, "configure_optimizer", None)
@@ -98,8 +122,11 @@ def build_optimizer(
             )
         return optimizer
     kind = OPTIMIZERS[config.optimizer]
-    options = {"lr": config.lr, "weight_decay": config.weight_decay, **config.optimizer_options}
+    options: dict[str, Any] = {"lr": config.lr, "weight_decay": config.weight_decay}
     trainable = [param for param in model.parameters() if param.requires_grad]  # not a frozen base
+    if counts_on_device(config) and trainable and trainable[0].device.type == "xla":
+        options["capturable"] = True
+    options.update(config.optimizer_options)
     try:
         return kind(trainable, **options)
     except (TypeError, ValueError) as error:
@@ -123,7 +150,7 @@ def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, config: TrainConfig, total_steps: int
+    optimizer: torch.optim.Optimizer, config: OptimizerSettings, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(config.schedule, config.warmup_steps, total_steps)

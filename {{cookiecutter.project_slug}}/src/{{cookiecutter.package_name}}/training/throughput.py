@@ -2,7 +2,9 @@
 
 Model FLOPs per step are counted once, before training, by running the task's loss and
 its backward pass on a copy of the model on PyTorch's meta device (no memory, no
-compute) under `torch.utils.flop_counter`. MFU (model FLOPs utilisation) is
+compute) under `torch.utils.flop_counter`. A mixture of experts counts what its routed
+tokens compute (each token through its top-k experts: the active parameters), not the
+padding of the experts' capacity (`hf/experts.py`). MFU (model FLOPs utilisation) is
 
     FLOPs per step x steps per second / (chips x peak bf16 FLOPs per chip)
 
@@ -18,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .. import hf
 from ..core import runtime
 from ..tasks import Task
 
@@ -28,7 +31,7 @@ def count_flops(task: Task, sample: dict[str, torch.Tensor]) -> int | None:
 
     try:
         with torch.device("meta"):
-            model = task.build_model()
+            model = hf.prepare(task.build_model())  # the forward a run runs
         batch = {key: torch.empty_like(value, device="meta") for key, value in sample.items()}
         with FlopCounterMode(display=False) as counter:
             task.loss(model, batch).backward()

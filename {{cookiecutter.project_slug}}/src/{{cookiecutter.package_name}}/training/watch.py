@@ -29,6 +29,7 @@ class RunWatch:
         self.guard_armed_at: int | None = None
         self.guard_result: dict[str, int] | None = None
         self.clock: tuple[int, float] | None = None  # (step, time) the clock started at
+        self.host_clock = 0.0  # this thread's CPU time when the clock started
         self.start = health.snapshot()
         self.start_step = 0
         self.started_at = time.perf_counter()
@@ -77,6 +78,7 @@ class RunWatch:
             ops.sync()
             ops.wait()
             self.clock = (step, time.perf_counter())
+            self.host_clock = time.thread_time()
         warm = self.guard_after is not None and step >= self.guard_after
         if self.guard is None and warm and (not self.evaluates or evaluations > 0):
             self.guard = health.XlaGuard()
@@ -116,6 +118,15 @@ class RunWatch:
         if self.clock is None or step <= self.clock[0]:
             return 0.0
         return (step - self.clock[0]) / (time.perf_counter() - self.clock[1])
+
+    def host_ms_per_step(self, step: int) -> float:
+        """The loop's own CPU time per timed step: what a fast device waits on between steps.
+
+        The host thread's time, not the wall clock: waiting for the device costs none of it.
+        """
+        if self.clock is None or step <= self.clock[0]:
+            return 0.0
+        return (time.thread_time() - self.host_clock) * 1e3 / (step - self.clock[0])
 
     def counters(self) -> dict[str, Any]:
         """XLA counters of the whole run and of the loop alone, for the summary."""

@@ -1,0 +1,344 @@
+"""Mixtures of experts at XLA speed: static experts equal to transformers' own, one train
+graph, fsdp and expert-axis losses equal to one device's, the router's loss in training."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.hf
+
+# Three families transformers builds with its experts interface: Mixtral's plain experts,
+# Qwen2-MoE's with a shared expert beside them, OLMoE's with normalised queries and keys.
+ARCHITECTURES = ("mixtral", "qwen2_moe", "olmoe")
+EXPERTS = {"experts": 4, "experts_per_token": 2}
+STEPS, LOG_EVERY = 12, 4
+# A capacity of the mean load: tokens are dropped, and counted, from the first steps on.
+# In fp32: under bf16 a sharded reduction's rounding can move a token across the capacity.
+CAPACITY = {"precision": "32-true", "moe": {"capacity_factor": 1.0}}
+OPTIONS = {"seq_len": 16, "dim": 32, "layers": 2, "heads": 4, "kv_heads": 2, "mlp_dim": 64,
+           "max_bytes": 30000, **EXPERTS}  # fmt: skip
+LOSS_REL = 1e-5
+ROUTER_METRICS = {"router_aux_loss", "expert_load_max", "tokens_dropped"}
+_RUNS: dict[str, dict[str, Any]] = {}  # runs several tests compare against, by request
+
+
+def guarded_fit(architecture: str, strategy: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """Fit with the XLA guard armed after warm-up; the run's summary (child process)."""
+    import tempfile
+
+    from {{ cookiecutter.package_name }}.core import launch
+    from {{ cookiecutter.package_name }}.training import build_config, fit, plan_of
+
+    devices = "1" if strategy == "single" else "8"
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = build_config(
+            None,
+            {"task": "hf-causal-lm", "accelerator": "cpu", "devices": devices,
+             "strategy": strategy, "batch_size": 16 // int(devices), "max_steps": STEPS,
+             "log_every": LOG_EVERY, "eval_every": 0, "run_dir": run_dir,
+             "task_options": {**OPTIONS, "architecture": architecture}, **extra},
+        )  # fmt: skip
+        plan = plan_of(config)
+        return dict(launch(fit, plan, (config, plan, None, None, 4)))
+
+
+def run(python_subprocess: Any, architecture: str, strategy: str, **extra: Any) -> dict[str, Any]:
+    key = json.dumps([architecture, strategy, extra], sort_keys=True)
+    if key not in _RUNS:
+        argv = [__file__, architecture, strategy, json.dumps(extra)]
+        _RUNS[key] = dict(python_subprocess(argv, env={}))
+    return _RUNS[key]
+
+
+def assert_healthy(summary: dict[str, Any]) -> None:
+    """One train graph, no transfer beyond the logged losses (router numbers in the same
+    read), the guard silent, the router's numbers logged."""
+    assert summary["status"] == "completed"
+    assert summary["loop_compilations"] == 1, summary["diagnosis"]
+    assert summary["loop_transfers"] == STEPS // LOG_EVERY, "a device read outside logging"
+    assert summary["diagnosis"] == [] and summary["fallback_ops"] == {}
+    guard = summary["guard"]
+    assert guard["compilations"] == 0 and guard["transfers"] <= guard["allowed_transfers"]
+    metrics = summary["train_metrics"]
+    assert set(metrics) == ROUTER_METRICS
+    assert 0 <= metrics["tokens_dropped"] < 1 and metrics["expert_load_max"] >= 1
+    assert metrics["router_aux_loss"] > 0
+
+
+def worst_relative(losses: list[list[float]], reference: list[list[float]]) -> float:
+    pairs = zip(losses, reference, strict=True)
+    return max(abs(a[1] - b[1]) / abs(b[1]) for a, b in pairs)
+
+
+def tiny_model(architecture: str) -> Any:
+    """The tiny MoE decoder of OPTIONS, built by the example task (plain CPU torch)."""
+    from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
+
+    torch.manual_seed(0)
+    return make_task(**{**OPTIONS, "architecture": architecture}).build_model()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_moe_decoder_trains_with_one_graph_and_fsdp_gives_its_losses(
+    architecture: str, python_subprocess: Any
+) -> None:
+    """It trains the mixture on one device and fsdp x8 with one graph and no host sync."""
+    single = run(python_subprocess, architecture, "single", **CAPACITY)
+    sharded = run(python_subprocess, architecture, "fsdp", **CAPACITY)
+
+    assert_healthy(single)
+    assert_healthy(sharded)
+    assert worst_relative(sharded["train_losses"], single["train_losses"]) <= LOSS_REL
+    assert single["train_losses"][-1][1] < single["train_losses"][0][1]
+    assert single["parameters"]["active"] < single["parameters"]["total"]
+    assert single["train_metrics"]["tokens_dropped"] > 0
+
+
+@pytest.mark.slow
+def test_expert_axis_holds_a_share_of_the_experts_and_gives_the_one_device_losses(
+    python_subprocess: Any,
+) -> None:
+    """It splits the experts over `expert=4` (and fsdp=2), with the one-device losses."""
+    single = run(python_subprocess, "mixtral", "single", **CAPACITY)
+    split = run(python_subprocess, "mixtral", "fsdp", mesh="fsdp=2,expert=4", **CAPACITY)
+
+    assert_healthy(split)
+    assert worst_relative(split["train_losses"], single["train_losses"]) <= LOSS_REL
+    assert split["train_metrics"] == pytest.approx(single["train_metrics"], rel=1e-4)
+    model = tiny_model("mixtral")
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n) * 4
+    rest = sum(p.numel() for n, p in model.named_parameters() if ".experts." not in n) * 4
+    # Each device: a quarter of the experts (expert=4), halved again by fsdp=2 like the rest.
+    assert split["memory"]["param_bytes_per_device"] == experts // 4 // 2 + rest // 2
+    assert single["memory"]["param_bytes_total"] == experts + rest
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_dropless_experts_equal_transformers_eager_experts(architecture: str) -> None:
+    """It gives transformers' own `eager` experts' logits, loss and aux loss within 1e-5."""
+    from {{ cookiecutter.package_name }} import hf
+    from {{ cookiecutter.package_name }}.hf.moe import MoeSettings
+
+    model = tiny_model(architecture)
+    tokens = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(1))
+    model.set_experts_implementation("eager")
+    with torch.no_grad():
+        eager = model(input_ids=tokens, labels=tokens, output_router_logits=True)
+        hf.prepare(model, MoeSettings(capacity_factor=0.0))
+        ours = model(input_ids=tokens, labels=tokens, output_router_logits=True)
+
+    assert model.config._experts_implementation == "xla"
+    torch.testing.assert_close(ours.logits, eager.logits, rtol=1e-5, atol=1e-5)
+    assert abs(float(ours.loss - eager.loss)) <= 1e-5
+    assert abs(float(ours.aux_loss - eager.aux_loss)) <= 1e-5
+
+
+def test_tokens_over_capacity_skip_their_expert_and_are_counted() -> None:
+    """It drops the pairs over an expert's capacity, later tokens first, and counts them."""
+    from {{ cookiecutter.package_name }}.hf.experts import LOADS, SETTINGS, Routing, xla_experts
+
+    experts = tiny_model("mixtral").model.layers[0].mlp.experts
+    setattr(experts, SETTINGS, Routing(capacity_factor=1.0))
+    tokens, hidden = 8, 32
+    states = torch.randn(tokens, hidden)
+    # Every token to experts 0 and 1: each takes ceil(1.0 x 16 / 4) = 4 of its 8 tokens.
+    index = torch.tensor([[0, 1]] * tokens)
+    weights = torch.full((tokens, 2), 0.5)
+    out = xla_experts(experts, states, index, weights)
+    loads, kept = getattr(experts, LOADS)
+    dropless = xla_experts_dropless(experts, states, index, weights)
+
+    assert loads.tolist() == [8, 8, 0, 0] and int(kept) == 8
+    torch.testing.assert_close(out[:4], dropless[:4])  # the first four fit
+    assert torch.equal(out[4:], torch.zeros(4, hidden))  # the rest pass by (the residual)
+
+
+def xla_experts_dropless(experts: Any, *args: torch.Tensor) -> torch.Tensor:
+    from {{ cookiecutter.package_name }}.hf.experts import SETTINGS, Routing, xla_experts
+
+    saved = getattr(experts, SETTINGS)
+    setattr(experts, SETTINGS, Routing(capacity_factor=0.0))
+    try:
+        return xla_experts(experts, *args)
+    finally:
+        setattr(experts, SETTINGS, saved)
+
+
+def test_router_aux_loss_is_part_of_the_training_loss() -> None:
+    """It trains on next-token loss + the config's (or [moe]'s) coefficient x the aux loss."""
+    import torch.nn.functional as F
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    from {{ cookiecutter.package_name }} import hf
+    from {{ cookiecutter.package_name }}.hf.moe import MoeSettings
+    from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
+
+    task = make_task(**{**OPTIONS, "architecture": "mixtral"})
+    tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(2))
+    batch = {"x": tokens[:, :-1], "y": tokens[:, 1:]}
+    for coef in (None, 0.5):
+        torch.manual_seed(0)
+        model = hf.prepare(task.build_model(), MoeSettings(router_aux_loss_coef=coef))
+        loss = task.loss(model, batch).detach()
+        plain = model(input_ids=batch["x"], output_router_logits=True)
+        next_token = F.cross_entropy(plain.logits.flatten(0, 1), batch["y"].flatten()).detach()
+        aux = load_balancing_loss_func(plain.router_logits, 4, 2).detach()
+        expected = coef if coef is not None else model.config.router_aux_loss_coef
+        assert float(aux) > 0.5 and float(loss - next_token) > 0
+        assert abs(float(loss - (next_token + expected * aux))) <= 1e-5
+
+
+def test_flops_count_the_active_experts_not_all_of_them(xla_device: Any) -> None:
+    """It counts a token's top-k experts: 8 experts cost what 4 do, at many more parameters."""
+    # (As in a run, the XLA device is in use first: autograd must know it before any
+    # backward pass, the meta one included.)
+    from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
+    from {{ cookiecutter.package_name }}.training.throughput import count_flops
+
+    def flops_and_parameters(experts: int) -> tuple[int, int]:
+        task = make_task(**{**OPTIONS, "architecture": "mixtral", "experts": experts})
+        sample = {"x": torch.zeros(8, 16, dtype=torch.long), "y": torch.zeros(8, 16).long()}
+        flops = count_flops(task, sample)
+        assert flops is not None
+        return flops, sum(p.numel() for p in task.build_model().parameters())
+
+    four, eight = flops_and_parameters(4), flops_and_parameters(8)
+    assert eight[1] > 1.5 * four[1]
+    assert math.isclose(eight[0], four[0], rel_tol=0.02)  # the router's few more columns
+
+
+@pytest.mark.slow
+def test_moe_lora_on_attention_trains_and_exports_what_transformers_generates_with(
+    tmp_path: Path, python_subprocess: Any
+) -> None:
+    """It trains LoRA on a mixture's attention (one graph), and exports a merged model that
+    plain transformers loads, with the run's logits, and generates with."""
+    from training_helpers import cli, write_config
+
+    lora = {"rank": 4, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    config = write_config(
+        tmp_path, task_options={**OPTIONS, "architecture": "mixtral"}, max_steps=8,
+        log_every=4, lora=lora, moe={"capacity_factor": 0},
+    )  # fmt: skip
+    run_dir, out = tmp_path / "run", tmp_path / "hf"
+    trained = cli("train", "--config", str(config), "--run-dir", str(run_dir),
+                  "--devices", "1", "--strategy", "single")  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["loop_compilations"] == 1 and summary["diagnosis"] == []
+    assert summary["parameters"]["trainable"] < summary["parameters"]["total"] / 10
+    assert "tokens_dropped=0.0000" in trained.stdout  # dropless: printed with the loss
+    assert set(summary["train_metrics"]) == ROUTER_METRICS  # the aux loss through peft too
+    checkpoint = str(run_dir / "checkpoints")
+    exported = cli("export", "--checkpoint", checkpoint, "--out", str(out), "--format", "hf")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    saved = json.loads((out / "config.json").read_text())
+    assert "experts_implementation" not in str(saved) and not saved["output_router_logits"]
+
+    ours = python_subprocess([__file__, "checkpoint", checkpoint])
+    theirs = python_subprocess([__file__, "transformers", str(out)], env={"PJRT_DEVICE": ""})
+
+    torch.testing.assert_close(
+        torch.tensor(theirs["logits"]), torch.tensor(ours["logits"]), rtol=1e-4, atol=1e-4
+    )
+    assert theirs["torch_xla_loaded"] is False and theirs["new_tokens"] == 8
+
+
+def fixed_tokens() -> torch.Tensor:
+    return torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
+
+
+def logits_of_checkpoint(location: str) -> dict[str, Any]:
+    """The run's model (its base, adapters, experts settings) on one XLA device, in fp32."""
+    from {{ cookiecutter.package_name }}.core import launch
+    from {{ cookiecutter.package_name }}.tasks import load_task
+    from {{ cookiecutter.package_name }}.training import build_config, plan_of
+    from {{ cookiecutter.package_name }}.training.checkpoint import load_weights, read_config
+    from {{ cookiecutter.package_name }}.training.model import build_model
+
+    _, saved = read_config(location)
+    one_device = {"devices": "1", "strategy": "single", "mesh": "", "precision": "32-true"}
+    config = build_config(None, {**saved, **one_device})
+    plan = plan_of(config)
+
+    def logits(config: Any, plan: Any) -> dict[str, Any]:
+        model = build_model(load_task(config.task, options=config.task_options), config)
+        model, _ = plan.strategy.setup_model(model)
+        load_weights(location, plan.strategy, model)
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            logits = model.eval()(input_ids=fixed_tokens().to(device)).logits
+        return {"logits": logits.cpu().tolist()}
+
+    return dict(launch(logits, plan, (config, plan)))
+
+
+def generate_with_transformers(folder: str) -> dict[str, Any]:
+    """The export in plain transformers (torch_xla unimportable): logits, and 8 new tokens."""
+    sys.modules["torch_xla"] = None  # type: ignore[assignment]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        logits = model(input_ids=fixed_tokens()).logits
+        prompt = fixed_tokens()[:1, :4]
+        generated = model.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    return {
+        "logits": logits.tolist(),
+        "new_tokens": generated.shape[1] - prompt.shape[1],
+        "torch_xla_loaded": sys.modules.get("torch_xla") is not None,
+    }
+
+
+REFUSED = {
+    "experts-outside-the-interface": (
+        {"architecture": "jetmoe", "experts": 0, "experts_per_token": 0}, "",
+        "error: JetMoeForCausalLM computes its experts outside transformers' experts interface",
+    ),
+    "expert-axis-vs-experts": (
+        {"experts": 6}, "fsdp=2,expert=4", "error: expert=4 does not divide the model's 6 experts"
+    ),
+    "expert-axis-on-a-dense-model": (
+        {"architecture": "llama", "experts": 0, "experts_per_token": 0}, "fsdp=2,expert=4",
+        "error: a 'llama' model has no expert-parallel plan in transformers",
+    ),
+    "expert-target-for-lora": (
+        {"lora": "experts"}, "", "error: lora.target_modules 'experts' names MixtralExperts's"
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("options,mesh,start", REFUSED.values(), ids=REFUSED)
+def test_what_a_mixture_cannot_run_is_refused_in_one_line(
+    options: dict[str, Any], mesh: str, start: str, tmp_path: Path
+) -> None:
+    """It refuses foreign experts, an expert axis that does not fit, and expert LoRA targets."""
+    from training_helpers import cli, write_config
+
+    options = {**OPTIONS, "architecture": "mixtral", **options}
+    lora = options.pop("lora", None)
+    config = write_config(tmp_path, task_options=options, **({"lora": {"target_modules": [lora]}}
+                                                             if lora else {}))  # fmt: skip
+    where = ["--devices", "8", "--strategy", "fsdp", "--mesh", mesh] if mesh else []
+    result = cli("train", "--config", str(config), "--run-dir", str(tmp_path / "run"), *where)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(start), lines
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    if sys.argv[1] == "checkpoint":
+        print(json.dumps(logits_of_checkpoint(sys.argv[2])))
+    elif sys.argv[1] == "transformers":
+        print(json.dumps(generate_with_transformers(sys.argv[2])))
+    else:
+        print(json.dumps(guarded_fit(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))))

@@ -1,0 +1,191 @@
+"""The step traced once and replayed (core/replay.py), on one XLA:CPU device."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.core import ReplayedStep, health
+
+from training_helpers import TINY, cli, write_config
+
+
+class Counter:
+    """A step over state `weight` and `moment`, counting how often its Python runs."""
+
+    def __init__(self, device: Any) -> None:
+        import torch_xla
+
+        self.weight = torch.nn.Parameter(torch.zeros(4, device=device))
+        self.moment = torch.zeros(4, device=device)
+        self.calls = 0
+        torch_xla.sync()  # device data, as a model's weights are before training
+
+    def state(self) -> list[torch.Tensor]:
+        return [self.weight, self.moment]
+
+    def step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.calls += 1
+        with torch.no_grad():
+            self.weight.add_(x)
+            self.moment.mul_(0.5).add_(self.weight)
+        return {"total": self.weight.sum() * 2.0, "first": self.moment[0]}
+
+
+def run(step: Callable[[torch.Tensor], Any], steps: int, device: Any) -> list[list[float]]:
+    """Call `step` on inputs 1..steps uploaded as the trainer uploads batches."""
+    import torch_xla
+
+    outputs = []
+    for value in range(1, steps + 1):
+        out = step((torch.arange(4.0) * value).to(device))
+        torch_xla.sync()
+        outputs.append([out["total"].item(), out["first"].item()])
+    return outputs
+
+
+def expected(steps: int) -> list[list[float]]:
+    weight, moment, rows = torch.zeros(4), torch.zeros(4), []
+    for value in range(1, steps + 1):
+        weight += torch.arange(4.0) * value
+        moment = moment * 0.5 + weight
+        rows.append([float(weight.sum() * 2.0), float(moment[0])])
+    return rows
+
+
+def test_it_traces_twice_then_replays_one_compiled_graph(xla_device: Any) -> None:
+    """It runs the step's Python twice, compiles one graph, and replays it with the state."""
+    counter = Counter(xla_device)
+    step = ReplayedStep(counter.step, counter.state)
+    before = health.snapshot()
+    outputs = run(step, 6, xla_device)
+    flat = [value for row in outputs for value in row]
+    assert flat == pytest.approx([value for row in expected(6) for value in row])
+    assert counter.calls == 2 and step.phase == "replay" and step.reason is None
+    assert health.snapshot().since(before).compilations == 1
+    assert counter.weight.cpu().tolist() == (torch.arange(4.0) * 21).tolist()  # 1 + ... + 6
+
+
+def test_a_step_that_reads_the_device_is_traced_every_time(xla_device: Any) -> None:
+    """It gives up replaying a step whose branch depends on a device value, and stays right."""
+    counter = Counter(xla_device)
+
+    def branchy(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = counter.step(x)
+        if counter.weight.sum().item() > 10:  # a device read: frozen by a replay
+            out["total"] = out["total"] * 0
+        return out
+
+    outputs = run(ReplayedStep(branchy, counter.state), 4, xla_device)
+    want = [row[0] if row[0] <= 20 else 0.0 for row in expected(4)]  # total = 2 x the sum
+    assert [row[0] for row in outputs] == want and want.count(0.0) == 3
+    step = ReplayedStep(branchy, counter.state)
+    step(torch.ones(4).to(xla_device))
+    assert step.reason == "the step reads the device (a data-dependent branch)"
+
+
+def test_a_host_number_that_changes_is_never_frozen_into_the_graph(xla_device: Any) -> None:
+    """It compares the constants of its two traces and traces every step when one changes."""
+    counter = Counter(xla_device)
+    scale = iter([1.5, 2.5, 3.5, 4.5, 5.5])
+
+    def scaled(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = counter.step(x)
+        out["total"] = out["total"] * next(scale)  # a Python number, new at each step
+        return out
+
+    step = ReplayedStep(scaled, counter.state)
+    outputs = run(step, 5, xla_device)
+    factors = [1.5, 2.5, 3.5, 4.5, 5.5]
+    assert [row[0] for row in outputs] == pytest.approx(
+        [row[0] * f for row, f in zip(expected(5), factors, strict=True)]
+    )
+    assert step.reason == "the step takes a host value that changes from one step to the next"
+
+
+def test_a_step_that_keeps_tensors_outside_its_state_is_traced_every_time(
+    xla_device: Any,
+) -> None:
+    """It refuses to replay a step that leaves a result on the side, which replay would lose."""
+    counter = Counter(xla_device)
+    kept: list[torch.Tensor] = []
+
+    def keeping(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = counter.step(x)
+        kept.append(counter.moment * 10)
+        return out
+
+    step = ReplayedStep(keeping, counter.state)
+    run(step, 3, xla_device)
+    assert step.reason == "the step keeps tensors it neither updates nor returns"
+    assert kept[-1].cpu().tolist() == pytest.approx((counter.moment.cpu() * 10).tolist())
+
+
+def test_random_numbers_follow_the_same_stream_replayed_or_traced(xla_device: Any) -> None:
+    """It feeds each replayed step the device's seed, as a traced step draws it."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    def draws(reason: str | None) -> list[list[float]]:
+        xm.set_rng_state(1234)
+        noise = torch.zeros(3, device=xla_device)
+        torch_xla.sync()
+
+        def noisy(x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                noise.add_(torch.rand(3, device=xla_device) + x)
+            return noise * 1.0
+
+        step = ReplayedStep(noisy, lambda: [noise], reason=reason)
+        rows = []
+        for _ in range(5):
+            out = step(torch.zeros(3).to(xla_device))
+            torch_xla.sync()
+            rows.append(out.cpu().tolist())
+        assert step.reason == reason
+        return rows
+
+    replayed, traced = draws(None), draws("traced for reference")
+    assert replayed == traced
+    assert len({tuple(row) for row in replayed}) == 5  # a new draw at every step
+
+
+# Dropout where the example has it: each replayed step must draw new numbers.
+{% if cookiecutter.example_task == "lm" -%}
+NOISE: dict[str, Any] = {"dropout": 0.1}
+{%- else -%}
+NOISE: dict[str, Any] = {}
+{%- endif %}
+
+
+@pytest.mark.slow
+def test_the_trainer_replays_its_step_with_the_traced_losses(tmp_path: Path) -> None:
+    """It replays the fsdp x8 step after two traces (two micro-batches each): the losses of
+    tracing every step, one train graph, and no device read but the logged losses."""
+    options = {**TINY["task_options"], **NOISE}
+    config = write_config(tmp_path, max_steps=8, log_every=1, grad_accum=2, task_options=options)
+    runs = {}
+    for replay in ("true", "false"):
+        run_dir = tmp_path / replay
+        done = cli(
+            "train", "--config", str(config), "--run-dir", str(run_dir), "--devices", "8",
+            "--strategy", "fsdp", "--set", f"replay_step={replay}",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[replay] = json.loads((run_dir / "summary.json").read_text())
+    replayed, traced = runs["true"], runs["false"]
+    assert replayed["step"] == {"replayed": True, "traced_because": None}
+    assert traced["step"] == {"replayed": False, "traced_because": "replay_step = false"}
+    assert [step for step, _ in replayed["train_losses"]] == list(range(1, 9))
+    assert [loss for _, loss in replayed["train_losses"]] == pytest.approx(
+        [loss for _, loss in traced["train_losses"]], rel=1e-5
+    )
+    assert replayed["loop_compilations"] == 1
+    # One loss read a step; the replayed run may add one: the check of its constants.
+    assert traced["loop_transfers"] == 8 and replayed["loop_transfers"] in (8, 9)
+    assert replayed["host_ms_per_step"] > 0
