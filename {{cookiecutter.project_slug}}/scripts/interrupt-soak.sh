@@ -24,12 +24,14 @@ if command -v stress >/dev/null; then
 else
   echo "stress is not installed (apt-get install stress): the rounds run without load" >&2
 fi
+python=python  # the project's .venv (`make install`) when there is one
+if [ -x .venv/bin/python ]; then python=.venv/bin/python; fi
 export PJRT_DEVICE=CPU REQUIRE_GCS_EMULATOR=1 PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 total=$SECONDS
 for round in $(seq "$rounds"); do
   start=$SECONDS
   log="$logs/round-$round.log"
-  if ! python -m pytest -p no:randomly -q "$@" >"$log" 2>&1; then
+  if ! "$python" -m pytest -p no:randomly -q "$@" >"$log" 2>&1; then
     tail -n 60 "$log"
     echo "round $round of $rounds FAILED after $((SECONDS - start)) s (log: $log)"
     exit 1
