@@ -3,8 +3,9 @@
 `gcs_emulator` (session) runs `gcp-storage-emulator` in a subprocess on a free 127.0.0.1 port;
 `gcs_bucket` creates an empty bucket, points gcsfs at the emulator for the test and every
 subprocess it starts, and yields `gs://<bucket>`. `gated_gcs_bucket` does the same on an
-emulator of its own that can hold an upload until the test lets it go (`Gate`): a test knows
-then, for certain, where a process that writes there is. Without gcsfs or the emulator the
+emulator of its own that can hold the upload or the download of an object until the test lets
+it through or drops it (`ObjectGate`): a test knows then, for certain, where a process that
+writes or reads there is. Without gcsfs or the emulator the
 tests skip, unless REQUIRE_GCS_EMULATOR=1 makes that a failure.
 
 The emulator serves one request at a time from a listen backlog of 5: a client sending more at
@@ -28,11 +29,12 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
@@ -149,8 +151,9 @@ def gcs_bucket(gcs_emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> It
 
 
 @dataclass
-class Gate:
-    """Holds the first upload whose object name contains a pattern, until `release()`."""
+class ObjectGate:
+    """Holds the uploads and downloads of objects whose name contains a pattern, until
+    `release()`."""
 
     folder: Path
 
@@ -158,24 +161,32 @@ class Gate:
         (self.folder / "held").unlink(missing_ok=True)
         (self.folder / "hold").write_text(pattern)
 
-    def held(self, timeout: float = GATE_TIMEOUT) -> str:
-        """Wait until an upload is held; the object's name."""
-        deadline = time.monotonic() + timeout
+    def held(self, process: subprocess.Popen[str] | None = None) -> str:
+        """Wait until a transfer is held (failing if `process`, the client, exits first);
+        the object's name."""
+        deadline = time.monotonic() + GATE_TIMEOUT
         while not (self.folder / "held").exists():
+            if process is not None and process.poll() is not None:
+                output = process.communicate()[0] if process.stdout else ""
+                pytest.fail(f"exited {process.returncode} before the gate:\n{output[-3000:]}")
             if time.monotonic() > deadline:
-                pytest.fail(f"no upload matched the gate in {timeout:.0f} s", pytrace=False)
+                pytest.fail(f"no object matched the gate in {GATE_TIMEOUT:.0f} s", pytrace=False)
             time.sleep(0.02)
         return (self.folder / "held").read_text()
 
-    def release(self) -> None:
+    def release(self, drop: bool = False) -> None:
+        """Let the held upload through; with `drop`, refuse it instead, as the upload of a
+        machine that died is never completed."""
+        if drop:
+            (self.folder / "drop").touch()
         (self.folder / "hold").unlink(missing_ok=True)
 
 
 @pytest.fixture
 def gated_gcs_bucket(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[str, Gate]]:
-    """An empty bucket on an emulator of its own, and the Gate that holds its uploads."""
+) -> Iterator[tuple[str, ObjectGate]]:
+    """An empty bucket on an emulator of its own, and the ObjectGate that holds its objects."""
     missing = missing_packages()
     if missing:
         require_or_skip(
@@ -183,7 +194,7 @@ def gated_gcs_bucket(
         )
     folder = tmp_path_factory.mktemp("gcs-gate")
     process, endpoint = _start(folder / "emulator.log", gate=folder)
-    gate = Gate(folder)
+    gate = ObjectGate(folder)
     try:
         for url in _bucket(GcsEmulator(endpoint), monkeypatch):
             yield url, gate
@@ -236,21 +247,29 @@ def _upload_name(request: Any) -> str:
     return str((data.get("meta") or data).get("name", ""))
 
 
-def _gated(insert: Any, folder: Path) -> Any:
-    """objects.insert, holding an upload named by the pattern in FOLDER/hold while that file
-    exists; FOLDER/held names the upload held. The emulator serves one request at a time, so
-    everything else waits too: the writer cannot get past this point."""
+def _object_name(request: Any) -> str:
+    """The object a download names, in its path."""
+    return unquote(str(request.params.get("object_id", "")))
+
+
+def _gated(plain: Any, folder: Path, name_of: Callable[[Any], str]) -> Any:
+    """A handler, holding a transfer of an object named by the pattern in FOLDER/hold while
+    that file exists; FOLDER/held names the object held, FOLDER/drop refuses it once let go.
+    The emulator serves one request at a time, so everything else waits too: the client
+    cannot get past this point."""
 
     def handler(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
         hold = folder / "hold"
         pattern = hold.read_text() if hold.exists() else ""
-        name = _upload_name(request)
+        name = name_of(request)
         if pattern and pattern in name:
             (folder / "held").write_text(name)
             deadline = time.monotonic() + GATE_TIMEOUT
             while hold.exists() and time.monotonic() < deadline:
                 time.sleep(0.02)
-        return insert(request, response, storage, *args, **kwargs)
+            if (folder / "drop").exists():
+                raise ConnectionAbortedError(f"the held transfer of {name} was dropped")
+        return plain(request, response, storage, *args, **kwargs)
 
     return handler
 
@@ -271,10 +290,13 @@ def serve(argv: list[str]) -> None:
     handlers = ((move, {server.POST: _move}), *server.HANDLERS)
     gate = os.environ.get(GATE_VARIABLE)
     if gate:
-        insert, held = objects.insert, _gated(objects.insert, Path(gate))
-        objects.insert = held  # the server's fallback for uploads sent without /upload
+        swaps = {}
+        for call, name_of in (("insert", _upload_name), ("download", _object_name)):
+            plain = getattr(objects, call)
+            swaps[plain] = _gated(plain, Path(gate), name_of)
+            setattr(objects, call, swaps[plain])  # what other handlers call, by this name
         handlers = tuple(
-            (regex, {method: held if h is insert else h for method, h in methods.items()})
+            (regex, {method: swaps.get(h, h) for method, h in methods.items()})
             for regex, methods in handlers
         )
     server.HANDLERS = handlers

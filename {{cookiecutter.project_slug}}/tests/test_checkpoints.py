@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -14,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from {{ cookiecutter.package_name }}.cli_common import EXIT_PREEMPTED
 from {{ cookiecutter.package_name }}.core.checkpointing import completed_steps
 
-from training_helpers import cli, popen, wait_for, write_config
+from gates import PATIENCE, Gate
+from training_helpers import cli, popen, preempt, write_config
 
 pytestmark = pytest.mark.slow  # several end-to-end runs: `make test-fast` skips them
 
@@ -46,27 +45,27 @@ def uninterrupted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     return request.param, folder / "run"
 
 
+@pytest.mark.interrupts
 def test_preempted_run_continues_from_gcs_on_a_new_machine(
-    uninterrupted: Any, gcs_bucket: str, tmp_path: Path
+    uninterrupted: Any, gcs_bucket: str, gated_src: Path, tmp_path: Path
 ) -> None:
     """It resumes from gs:// after SIGTERM and the loss of the local disk, losses exact."""
     name, reference = uninterrupted
     strategy = STRATEGIES[name]
     remote = f"{gcs_bucket}/runs/{name}"
     first = tmp_path / "first-vm"
-    config = write_config(tmp_path, max_steps=STEPS, log_every=1, seed=9, checkpoint_every=4)
+    gate = Gate(tmp_path / "gate", steps=8)  # SIGTERM after step 8
+    config = write_config(
+        tmp_path, gate=gate, max_steps=STEPS, log_every=1, seed=9, checkpoint_every=4
+    )
     args = ("train", "--config", str(config), "--checkpoint-dir", remote, *strategy)
-    process = popen(*args, "--run-dir", str(first / "run"), "--resume", "auto")
-    wait_for(process, "step 6 train")
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=300)
-    assert process.returncode == EXIT_PREEMPTED, output
-    stopped = json.loads((first / "run" / "summary.json").read_text())
-    assert stopped["status"] == "preempted" and stopped["checkpoint"].startswith(remote)
+    stopped = preempt((*args, "--run-dir", str(first / "run"), "--resume", "auto"),
+                      first / "run", gate, gated_src)  # fmt: skip
+    assert stopped["checkpoint"].startswith(remote)
     shutil.rmtree(first)  # the VM is gone, and its disk with it
 
     second = tmp_path / "second-vm"
-    resumed = cli(*args, "--run-dir", str(second / "run"), "--resume", "auto")
+    resumed = cli(*args, "--run-dir", str(second / "run"), "--resume", "auto", src=gated_src)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming at step {stopped['steps']}" in resumed.stdout
     assert losses(second / "run") == losses(reference)
@@ -113,23 +112,32 @@ def _undo_immutable(folder: Path) -> None:
     subprocess.run(["chattr", "-i", str(folder)], check=False)
 
 
+@pytest.mark.interrupts
 def test_unwritable_destination_stops_with_one_line_and_keeps_the_last_checkpoint(
-    tmp_path: Path,
+    gated_src: Path, tmp_path: Path
 ) -> None:
     """It exits 4 with one line when a save cannot be written; earlier checkpoints load."""
     if os.geteuid() != 0 or shutil.which("chattr") is None:
         pytest.skip("making a directory unwritable to root needs chattr, as root")
     folder = tmp_path / "run" / "checkpoints"
-    config = write_config(tmp_path, max_steps=200, log_every=1, checkpoint_every=2, seed=4)
-    process = popen("train", "--config", str(config), "--run-dir", str(tmp_path / "run"))
+    gate = Gate(tmp_path / "gate", steps=8)  # saves at 2 to 8, then waits for step 9
+    config = write_config(
+        tmp_path, gate=gate, max_steps=STEPS, log_every=1, checkpoint_every=2, seed=4
+    )
+    process = popen("train", "--config", str(config), "--run-dir", str(tmp_path / "run"),
+                    src=gated_src)  # fmt: skip
     try:
-        deadline = time.monotonic() + 300
-        while not completed_steps(str(folder)) and time.monotonic() < deadline:
+        gate.wait_reached(process)
+        deadline = time.monotonic() + PATIENCE
+        while not completed_steps(str(folder)):  # written in the background meanwhile
+            assert process.poll() is None, process.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no checkpoint was written"
             time.sleep(0.01)
-        assert completed_steps(str(folder)), "no checkpoint was written"
         _immutable(folder)
+        gate.release()  # the saves of steps 6 to 12 meet the unwritable folder
         output, _ = process.communicate(timeout=300)
     finally:
+        gate.release()
         process.kill()
         _undo_immutable(folder)
     errors = [line for line in output.splitlines() if line.startswith("error:")]
@@ -138,7 +146,7 @@ def test_unwritable_destination_stops_with_one_line_and_keeps_the_last_checkpoin
     assert "Traceback" not in output
     kept = completed_steps(str(folder))
     assert kept
-    evaluated = cli("eval", "--checkpoint", str(folder / str(kept[-1])))
+    evaluated = cli("eval", "--checkpoint", str(folder / str(kept[-1])), src=gated_src)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
 
 

@@ -23,7 +23,7 @@ from {{ cookiecutter.package_name }}.data.encoding import (
     document_keys,
     held_out,
 )
-from {{ cookiecutter.package_name }}.data.manifest import read_manifest
+from {{ cookiecutter.package_name }}.data.manifest import PLAN, read_manifest
 from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
 
 from data_helpers import (
@@ -35,13 +35,15 @@ from data_helpers import (
     write_jsonl,
     write_parquet,
 )
+from gates import signal_taken
+from gcs_emulator import ObjectGate
 from training_helpers import cli_env
 
 runner = CliRunner()
 SEQ_LEN = 16
 
 
-def prepare_bytes(inputs: list[Path], out: Path, echo: Any = print, **settings: object) -> Any:
+def prepare_bytes(inputs: list[Any], out: Path, echo: Any = print, **settings: object) -> Any:
     options = {"seq_len": SEQ_LEN, "eval_fraction": 0.1, **settings}
     settings = Settings(**options)  # type: ignore[arg-type]
     return prepare([str(p) for p in inputs], str(out), Tokenizer(), 256, settings, echo)
@@ -226,7 +228,7 @@ def test_hub_data_without_datasets_says_what_to_install(tmp_path: Path) -> None:
     ]
 
 
-def start_prepare(source: Path, out: Path, *args: str) -> subprocess.Popen[str]:
+def start_prepare(source: Path | str, out: Path | str, *args: str) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare", str(source)]
     return subprocess.Popen(
         [*command, "--out", str(out), "--num-proc", "1", "--eval-fraction", "0.1",
@@ -235,26 +237,30 @@ def start_prepare(source: Path, out: Path, *args: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def wait_for(process: subprocess.Popen[str], text: str) -> list[str]:
-    """The output lines up to the first that holds `text`."""
-    assert process.stdout is not None
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if text in line:
-            return seen
-    raise AssertionError(f"no line with {text!r} in:\n{''.join(seen)}")
-
-
-def test_interrupted_prepare_keeps_its_shards_and_the_rerun_finishes(tmp_path: Path) -> None:
+@pytest.mark.interrupts
+def test_interrupted_prepare_keeps_its_shards_and_the_rerun_finishes(
+    gated_gcs_bucket: tuple[str, ObjectGate], tmp_path: Path
+) -> None:
     """It stops on SIGTERM with no manifest, keeps the finished shards, and a rerun writes
     the rest: the same dataset as an uninterrupted run."""
-    source = corpus_jsonl(tmp_path, count=20_000)
-    out = tmp_path / "out"
+    import fsspec
+
+    bucket, gate = gated_gcs_bucket
+    for part in range(5):
+        path = corpus_jsonl(tmp_path / "in" / str(part), count=4_000, seed=part)
+        fsspec.filesystem("gs").put(str(path), f"{bucket[5:]}/raw/part{part}.jsonl")
+    source, out = f"{bucket}/raw/*.jsonl", tmp_path / "out"
+    # One worker takes the shards in order: while the read of the last file is held, the
+    # shards before it are written and the rest cannot be. The signal comes then.
+    gate.hold("raw/part4.jsonl")
     process = start_prepare(source, out, "--shard-size", "64K")
-    wait_for(process, "shards 3/")
-    process.send_signal(signal.SIGTERM)
-    output = process.communicate(timeout=120)[0]
+    try:
+        gate.held(process)
+        signal_taken(process, signal.SIGTERM)
+        output = process.communicate(timeout=120)[0]
+    finally:
+        process.kill()
+        gate.release(drop=True)
     assert process.returncode == 130, output
     last = output.strip().splitlines()[-1]
     assert last.startswith("error: interrupted: ") and "the same command finishes" in last
@@ -284,23 +290,37 @@ def test_shards_read_every_document_once_whatever_their_size(tmp_path: Path) -> 
     assert text.documents == 200  # type: ignore[attr-defined]
 
 
+@pytest.mark.interrupts
 def test_a_file_removed_while_preparing_and_a_taken_output_fail_in_one_line(
-    tmp_path: Path,
+    gated_gcs_bucket: tuple[str, ObjectGate], tmp_path: Path
 ) -> None:
     """It refuses, in one line, a corpus file deleted after planning (removing what it wrote)
     and an output that holds another dataset (leaving that dataset whole)."""
+    import fsspec
+
     first = corpus_jsonl(tmp_path / "in" / "a", count=8_000)
     last = corpus_jsonl(tmp_path / "in" / "b", count=300)
-    out = tmp_path / "out"
-    process = start_prepare(tmp_path / "in", out, "--shard-size", "64K")
-    wait_for(process, "shards 1/")
-    last.unlink()  # read last, after every shard of the first file
-    output = process.communicate(timeout=120)[0]
+    bucket, gate = gated_gcs_bucket
+    # The plan is written once every input is listed, before any is read: held there,
+    # prepare has listed the file the test removes and reads it only after.
+    gate.hold(f"out/{PLAN}")
+    process = start_prepare(tmp_path / "in", f"{bucket}/out", "--shard-size", "64K")
+    try:
+        gate.held(process)
+        last.unlink()
+        gate.release()
+        output = process.communicate(timeout=120)[0]
+    finally:
+        process.kill()
+        gate.release()
     errors = [line for line in output.splitlines() if line.startswith("error")]
     assert process.returncode == 2, output
     assert errors == [f"error: {last} was removed after prepare listed it: run prepare again"]
-    assert not out.exists()
+    gcs = fsspec.filesystem("gs")
+    gcs.invalidate_cache()
+    assert not gcs.exists(f"{bucket}/out")
 
+    out = tmp_path / "out"
     prepare_bytes([first], out)
     code, lines = invoke_prepare(str(first), "--out", str(out), "--set", "task_options.seq_len=8")
     assert code == 2 and len(lines) == 1 and "already holds other data" in lines[0], lines

@@ -87,8 +87,8 @@ def test_holders_of_a_device_file_are_found_with_the_fix(tmp_path: Path) -> None
     """It finds a process holding a device file and tells how to stop it."""
     device = tmp_path / "accel0"
     device.touch()
-    with device.open() as held:
-        holder = subprocess.Popen(["sleep", "60"], stdin=held)
+    with device.open() as held:  # the holder has it from fork on, until it is killed
+        holder = subprocess.Popen(["tail", "-f", "/dev/null"], stdin=held)
     try:
         holders = doctor.device_holders([str(tmp_path / "accel*")])
         check = doctor.check_holders(holders)

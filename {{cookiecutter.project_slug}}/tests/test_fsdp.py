@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gates import Gate
 from training_helpers import cli, preempt_then_resume, write_config
 
 pytestmark = pytest.mark.slow  # several end-to-end runs: `make test-fast` skips them
@@ -78,14 +79,16 @@ def test_fsdp_keeps_tied_weights_one_parameter(fsdp_run: dict[str, Any]) -> None
 {%- endif %}
 
 
+@pytest.mark.interrupts
 def test_fsdp_sigterm_then_resume_matches_the_uninterrupted_run(
-    fsdp_run: dict[str, Any], tmp_path: Path
+    fsdp_run: dict[str, Any], gated_src: Path, tmp_path: Path
 ) -> None:
     """It stops on SIGTERM, and the resumed losses equal the uninterrupted run's exactly."""
-    config = write_config(tmp_path, max_steps=STEPS, log_every=1, seed=3)
+    gate = Gate(tmp_path / "gate", steps=8)  # SIGTERM after step 8
+    config = write_config(tmp_path, gate=gate, max_steps=STEPS, log_every=1, seed=3)
     run_dir = tmp_path / "run"
     args = ("train", "--config", str(config), "--run-dir", str(run_dir), *FSDP)
-    summary = preempt_then_resume(args, run_dir, 6, STEPS)
+    summary = preempt_then_resume(args, run_dir, gate, gated_src)
     assert summary["train_losses"] == fsdp_run["train_losses"]
 
 

@@ -15,6 +15,7 @@ from {{ cookiecutter.package_name }}.core.checkpointing import find_checkpoint, 
 from {{ cookiecutter.package_name }}.training import build_config, fit
 from {{ cookiecutter.package_name }}.training.export import export_checkpoint
 
+from gates import Gate
 from training_helpers import TINY, cli, preempt_then_resume, write_config
 
 pytestmark = pytest.mark.hf
@@ -91,14 +92,16 @@ def test_lora_checkpoint_evaluates_with_the_trained_adapters(lora_run: dict[str,
 
 
 @pytest.mark.slow
+@pytest.mark.interrupts
 def test_lora_sigterm_then_resume_matches_the_uninterrupted_run(
-    lora_run: dict[str, Any], base_model: Path, tmp_path: Path
+    lora_run: dict[str, Any], base_model: Path, gated_src: Path, tmp_path: Path
 ) -> None:
     """It stops on SIGTERM, and the resumed LoRA run's losses equal the uninterrupted run's."""
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path, **lora_settings(base_model, run_dir))
+    gate = Gate(tmp_path / "gate", steps=3)  # SIGTERM in step 4
+    config = write_config(tmp_path, gate=gate, **lora_settings(base_model, run_dir))
     args = ("train", "--config", str(config), "--run-dir", str(run_dir), "--strategy", "single")
-    summary = preempt_then_resume(args, run_dir, 4, STEPS)
+    summary = preempt_then_resume(args, run_dir, gate, gated_src)
     assert summary["train_losses"] == lora_run["train_losses"]
 
 

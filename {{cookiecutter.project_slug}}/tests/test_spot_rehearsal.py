@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,8 @@ import yaml
 from {{ cookiecutter.package_name }}.cli_common import EXIT_PREEMPTED, EXIT_USAGE
 from {{ cookiecutter.package_name }}.goodput import store
 
-from gcs_emulator import Gate
+from gates import signal_taken
+from gcs_emulator import ObjectGate
 from training_helpers import cli, write_config
 
 pytestmark = pytest.mark.slow  # four trainings and a goodput account: `make test-fast` skips it
@@ -94,8 +94,9 @@ def managed_job(task: dict[str, Any], attempts: Iterable[Attempt]) -> tuple[str,
     return "RUNNING", number
 
 
+@pytest.mark.interrupts
 def test_spot_run_survives_two_preemptions_and_ends_as_an_unbroken_run(
-    gated_gcs_bucket: tuple[str, Gate], tmp_path: Path
+    gated_gcs_bucket: tuple[str, ObjectGate], tmp_path: Path
 ) -> None:
     """It stops at a SIGTERM (exit 75, relaunched uncounted), loses its VM during a save
     (retrains from the checkpoint before), finishes with an unbroken run's losses, exits 0 at
@@ -116,8 +117,8 @@ def test_spot_run_survives_two_preemptions_and_ends_as_an_unbroken_run(
         """SIGTERM while it saves step 4 (a maintenance event): the slice stays up."""
         gate.hold(f"{prefix}/4/")
         host = start_host(task, tmp_path / "vm-1")
-        gate.held()  # it is at step 4 of 12, writing: mid-run for certain
-        host.send_signal(signal.SIGTERM)
+        gate.held(host)  # it is at step 4 of 12, writing: mid-run for certain
+        signal_taken(host, signal.SIGTERM)  # before the save ends and the loop looks
         gate.release()
         outputs.append(host.communicate(timeout=600)[0])
         return host.returncode, True
@@ -127,12 +128,11 @@ def test_spot_run_survives_two_preemptions_and_ends_as_an_unbroken_run(
         ends (the 30 s notice ran out)."""
         gate.hold(f"{prefix}/8/")
         host = start_host(task, tmp_path / "vm-2")
-        gate.held()
-        host.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        gate.held(host)
+        signal_taken(host, signal.SIGTERM)
         host.kill()
         outputs.append(host.communicate(timeout=60)[0])
-        gate.release()
+        gate.release(drop=True)  # the VM is gone: its upload never completes
         return host.returncode, False
 
     def runs_to_the_end() -> tuple[int, bool]:

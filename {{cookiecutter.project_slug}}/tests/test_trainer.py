@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from {{ cookiecutter.package_name }}.cli_common import EXIT_PREEMPTED
 from {{ cookiecutter.package_name }}.core.checkpointing import (
     COMMIT_MARKER,
     completed_steps,
+    find_checkpoint,
     read,
     saved_keys,
 )
 
-from training_helpers import cli, cli_env, popen, wait_for, write_config
+from gates import Gate
+from gcs_emulator import ObjectGate
+from training_helpers import cli, cli_env, popen, preempt_then_resume, write_config
 
 pytestmark = pytest.mark.slow  # several end-to-end runs: `make test-fast` skips them
 
@@ -69,23 +69,17 @@ def test_run_writes_summary_tensorboard_and_checkpoint(reference_run: Path) -> N
     assert completed_steps(str(reference_run / "checkpoints")) == [STEPS]
 
 
-def test_sigterm_then_resume_matches_uninterrupted_run(reference_run: Path, tmp_path: Path) -> None:
+@pytest.mark.interrupts
+def test_sigterm_then_resume_matches_uninterrupted_run(
+    reference_run: Path, gated_src: Path, tmp_path: Path
+) -> None:
     """It saves and exits 75 on SIGTERM, and the resumed losses equal an unbroken run's."""
-    config = write_config(tmp_path, max_steps=STEPS, log_every=1, seed=5)
+    gate = Gate(tmp_path / "gate", steps=8)  # SIGTERM after step 8
+    config = write_config(tmp_path, gate=gate, max_steps=STEPS, log_every=1, seed=5)
     run_dir = tmp_path / "run"
-    process = popen("train", "--config", str(config), "--run-dir", str(run_dir))
-    wait_for(process, "step 8 train")
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=300)
-    assert process.returncode == EXIT_PREEMPTED, output
-    assert "stopped by SIGTERM" in output
-    stopped = summary_of(run_dir)
-    assert stopped["status"] == "preempted" and 8 <= stopped["steps"] < STEPS
-
-    resumed = cli("train", "--config", str(config), "--run-dir", str(run_dir), "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resuming at step {stopped['steps']}" in resumed.stdout
-    assert summary_of(run_dir)["train_losses"] == summary_of(reference_run)["train_losses"]
+    args = ("train", "--config", str(config), "--run-dir", str(run_dir))
+    resumed = preempt_then_resume(args, run_dir, gate, gated_src)
+    assert resumed["train_losses"] == summary_of(reference_run)["train_losses"]
 
 
 def test_resume_auto_starts_fresh_and_latest_needs_a_checkpoint(tmp_path: Path) -> None:
@@ -103,32 +97,31 @@ def test_resume_auto_starts_fresh_and_latest_needs_a_checkpoint(tmp_path: Path) 
     assert "resuming" not in fresh.stdout and summary_of(run_dir)["steps"] == 2
 
 
-def test_kill_during_async_checkpoint_write_keeps_previous_loadable(tmp_path: Path) -> None:
+@pytest.mark.interrupts
+def test_kill_during_async_checkpoint_write_keeps_previous_loadable(
+    gated_gcs_bucket: tuple[str, ObjectGate], tmp_path: Path
+) -> None:
     """It never loses the previous checkpoint when killed with -9 during a background save."""
-    config = write_config(tmp_path, max_steps=400, log_every=0, checkpoint_every=1, seed=1)
-    run_dir = tmp_path / "run"
-    folder = run_dir / "checkpoints"
-    process = popen("train", "--config", str(config), "--run-dir", str(run_dir))
-    deadline = time.monotonic() + 300
-    partial: list[Path] = []
-    while time.monotonic() < deadline and process.poll() is None:
-        whole = completed_steps(str(folder))
-        partial = [
-            p for p in folder.glob("[0-9]*") if p.is_dir() and not (p / COMMIT_MARKER).exists()
-        ]
-        if whole and partial:
-            break
-        time.sleep(0.002)
-    process.kill()
-    process.wait()
-    assert partial, "no save was caught in flight"
-    steps = completed_steps(str(folder))
-    assert steps, "no checkpoint was written before the kill"
-    for step in steps:
-        state: dict[str, Any] = {"progress": None}
-        read(str(folder / str(step)), state)
-        assert state["progress"]["step"] == step
-        assert len(full_state(folder / str(step))) > 0
+    bucket, gate = gated_gcs_bucket
+    folder = f"{bucket}/run/checkpoints"
+    config = write_config(tmp_path, max_steps=STEPS, log_every=0, checkpoint_every=1, seed=1)
+    args = ("--run-dir", str(tmp_path / "run"), "--checkpoint-dir", folder)
+    # The save of step 2 stops at its last file, the commit marker: the run is mid-save.
+    gate.hold(f"{folder[5:].split('/', 1)[1]}/2/{COMMIT_MARKER}")
+    process = popen("train", "--config", str(config), *args)
+    try:
+        gate.held(process)
+    finally:
+        process.kill()
+        process.communicate()
+        gate.release(drop=True)  # the machine died: its upload never completes
+    assert completed_steps(folder) == [1]
+    assert saved_keys(f"{folder}/2"), "step 2's shards and metadata were written"
+    assert find_checkpoint(folder) == f"{folder}/1"  # what --resume picks
+    state: dict[str, Any] = {"progress": None}
+    read(f"{folder}/1", state)
+    assert state["progress"]["step"] == 1
+    assert len(full_state(f"{folder}/1")) > 0
 
 
 def test_checkpoint_reads_without_torch_xla(reference_run: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,10 @@ from typing import Any
 import yaml
 
 from {{ cookiecutter.package_name }}.cli_common import EXIT_PREEMPTED
+
+from gates import Gate, signal_taken, wait_for_line
+
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 {% if cookiecutter.example_task == "lm" -%}
 TINY: dict[str, Any] = {
@@ -51,58 +56,86 @@ TINY: dict[str, Any] = {
 QUIET = {"accelerator": "cpu", "goodput": "off"}
 
 
-def write_config(folder: Path, **overrides: Any) -> Path:
-    """A YAML config of the tiny run plus overrides."""
+def write_config(folder: Path, gate: Gate | None = None, **overrides: Any) -> Path:
+    """A YAML config of the tiny run plus overrides; with `gate`, its training waits there
+    (the task `gated`, in the package copy `gated_source` makes)."""
+    settings = {**TINY, **QUIET, **overrides}
+    if gate is not None:
+        options = {"inner": settings["task"], "gate": str(gate.path), "gate_after": gate.steps,
+                   "grad_accum": settings.get("grad_accum", 1)}  # fmt: skip
+        settings.update(task="gated", task_options={**settings["task_options"], **options})
     path = folder / "tiny.yaml"
-    path.write_text(yaml.safe_dump({**TINY, **QUIET, **overrides}))
+    path.write_text(yaml.safe_dump(settings))
     return path
 
 
-def cli_env() -> dict[str, str]:
-    src = str(Path(__file__).resolve().parents[1] / "src")
+def gated_source(folder: Path) -> Path:
+    """A copy of this project's `src` with the task `gated` added (tests/gated_task.py)."""
+    copy = folder / "src"
+    shutil.copytree(SRC, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    task = Path(__file__).with_name("gated_task.py")
+    shutil.copy(task, copy / "{{ cookiecutter.package_name }}" / "tasks" / "gated.py")
+    return copy
+
+
+def cli_env(src: Path = SRC) -> dict[str, str]:
     env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
     return env
 
 
-def cli(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, src: Path = SRC, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a fresh process (the XLA runtime starts once per process)."""
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args]
     return subprocess.run(
-        command, env=cli_env(), capture_output=True, text=True, timeout=600, **kwargs
+        command, env=cli_env(src), capture_output=True, text=True, timeout=600, **kwargs
     )
 
 
-def popen(*args: str) -> subprocess.Popen[str]:
+def popen(*args: str, src: Path = SRC) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args]
     return subprocess.Popen(
-        command, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, env=cli_env(src), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
-def wait_for(process: subprocess.Popen[str], marker: str) -> list[str]:
-    """Read the process's output until a line contains `marker`."""
-    seen = []
-    assert process.stdout is not None
-    for line in process.stdout:
-        seen.append(line)
-        if marker in line:
-            return seen
-    raise AssertionError(f"{marker!r} never printed:\n{''.join(seen)}")
+def preempt(args: tuple[str, ...], run_dir: Path, gate: Gate, src: Path) -> Any:
+    """SIGTERM a run held at `gate` (the data of step `gate.steps + 1`); its summary, stopped.
 
-
-def preempt_then_resume(args: tuple[str, ...], run_dir: Path, step: int, steps: int) -> Any:
-    """Train with `args`, SIGTERM the run after `step`, check it stopped preempted between
-    `step` and `steps` (exit 75: saved, not done), resume it with `--resume auto`; the resumed
-    run's summary."""
-    process = popen(*args)
-    wait_for(process, f"step {step} train")
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=300)
-    assert process.returncode == EXIT_PREEMPTED, output
+    The run cannot train step `gate.steps + 1` before the gate is released, and the gate is
+    released only once the signal was taken after the run logged step `gate.steps`: the run
+    stops at the end of step `gate.steps` or `gate.steps + 1`, saved, exit 75, however loaded
+    the machine (with log_every 1 the loop checks for SIGTERM after every step).
+    """
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log = run_dir.parent / f"{run_dir.name}.log"
+    with log.open("w") as out:  # a file: a full pipe would stop the run before the gate
+        process = subprocess.Popen(
+            [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args],
+            env=cli_env(src), stdout=out, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    try:
+        gate.wait_reached(process, log)
+        wait_for_line(process, log, f"step {gate.steps} train")  # it cannot get further
+        signal_taken(process, signal.SIGTERM)
+        gate.release()
+        process.wait(timeout=600)
+    finally:
+        gate.release()
+        process.kill()  # a no-op once it has exited
+    output = log.read_text()
+    assert process.returncode == EXIT_PREEMPTED, output[-4000:]
+    assert "stopped by SIGTERM" in output, output[-4000:]
     stopped = json.loads((run_dir / "summary.json").read_text())
-    assert stopped["status"] == "preempted" and step <= stopped["steps"] < steps
+    assert stopped["status"] == "preempted", stopped["status"]
+    assert gate.steps <= stopped["steps"] <= gate.steps + 1, (stopped["steps"], gate.steps)
+    return stopped
 
-    resumed = cli(*args, "--resume", "auto")
+
+def preempt_then_resume(args: tuple[str, ...], run_dir: Path, gate: Gate, src: Path) -> Any:
+    """`preempt` the run, then resume it with `--resume auto`; the resumed run's summary."""
+    stopped = preempt(args, run_dir, gate, src)
+    resumed = cli(*args, "--resume", "auto", src=src)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming at step {stopped['steps']}" in resumed.stdout
     return json.loads((run_dir / "summary.json").read_text())
