@@ -115,6 +115,7 @@ TORCH_XLA_ONLY = (
     "tests/test_readme.py",
     "tests/test_goodput.py",
     "tests/test_attention.py",
+    "tests/test_wandb.py",
 )
 OTHER_BACKEND_PRUNE = {"torch_tpu": TORCH_XLA_ONLY}
 

@@ -98,7 +98,7 @@ def test_lora_sigterm_then_resume_matches_the_uninterrupted_run(
 ) -> None:
     """It stops on SIGTERM, and the resumed LoRA run's losses equal the uninterrupted run's."""
     run_dir = tmp_path / "run"
-    gate = Gate(tmp_path / "gate", steps=3)  # SIGTERM in step 4
+    gate = Gate(tmp_path / "gate", steps=8)  # SIGTERM after step 8
     config = write_config(tmp_path, gate=gate, **lora_settings(base_model, run_dir))
     args = ("train", "--config", str(config), "--run-dir", str(run_dir), "--strategy", "single")
     summary = preempt_then_resume(args, run_dir, gate, gated_src)

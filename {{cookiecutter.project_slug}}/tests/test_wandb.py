@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,8 @@ from {{ cookiecutter.package_name }}.cli_common import EXIT_PREEMPTED
 from {{ cookiecutter.package_name }}.goodput import store
 from {{ cookiecutter.package_name }}.training.loggers import RUN_ID, STEP
 
-from training_helpers import cli, cli_env, popen, wait_for, write_config
+from gates import Gate
+from training_helpers import cli, cli_env, preempt, write_config
 
 STEPS = 12
 WANDB = ("--set", "loggers=tensorboard,wandb")
@@ -65,7 +65,7 @@ def tensorboard_tags(run_dir: Path) -> set[str]:
 
 @pytest.mark.slow
 def test_preempted_run_resumed_on_another_vm_continues_its_wandb_run(
-    gcs_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gcs_bucket: str, gated_src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """It logs to W&B offline (by config, then by WANDB_MODE) what TensorBoard gets, step by
     step; W&B's files hold summary.json's losses and eval, the config, the report and the
@@ -73,22 +73,19 @@ def test_preempted_run_resumed_on_another_vm_continues_its_wandb_run(
     gs:// checkpoints and continues that run's history from the step it restored, and
     `wandb sync` takes both attempts as that run's."""
     remote = f"{gcs_bucket}/runs/week1"
+    gate = Gate(tmp_path / "gate", steps=8)  # SIGTERM after step 8
     config = write_config(
-        tmp_path, max_steps=STEPS, log_every=1, eval_every=4, checkpoint_every=4, seed=3,
-        goodput="local",
+        tmp_path, gate=gate, max_steps=STEPS, log_every=1, eval_every=4, checkpoint_every=4,
+        seed=3, goodput="local",
     )  # fmt: skip
     args = ("train", "--config", str(config), "--checkpoint-dir", remote, "--resume", "auto")
     args += (*WANDB, "--set", "wandb.project=week1", "--set", 'wandb.tags=["spot"]')
     first, second = tmp_path / "first-vm", tmp_path / "second-vm"
     monkeypatch.delenv("WANDB_MODE")
-    process = popen(*args, "--run-dir", str(first), "--set", "wandb.mode=offline")
-    wait_for(process, "step 6 train")
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=300)
-    assert process.returncode == EXIT_PREEMPTED, output
-    stopped = json.loads((first / "summary.json").read_text())
+    offline = ("--set", "wandb.mode=offline")  # the first VM: offline by its config
+    stopped = preempt((*args, "--run-dir", str(first), *offline), first, gate, gated_src)
     monkeypatch.setenv("WANDB_MODE", "offline")  # the second VM: offline by its environment
-    resumed = cli(*args, "--run-dir", str(second))
+    resumed = cli(*args, "--run-dir", str(second), src=gated_src)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((second / "summary.json").read_text())
 

@@ -12,8 +12,6 @@ import pytest
 
 # Fixtures `gcs_emulator` and `gcs_bucket`: a local GCS server for `gs://` checkpoints.
 pytest_plugins = ["gcs_emulator"]
-# No test reaches W&B's servers: a run that logs to W&B writes its files for `wandb sync`.
-os.environ["WANDB_MODE"] = "offline"
 
 SUBPROCESS_TIMEOUT = 300
 

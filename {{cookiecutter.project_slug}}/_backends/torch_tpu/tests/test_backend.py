@@ -74,4 +74,6 @@ def test_no_torch_xla_in_the_package():
         for path in root.rglob("*.py")
         if "import torch_xla" in path.read_text() or "from torch_xla" in path.read_text()
     ]
-    assert found == ["core/layers.py"]  # BlockStack's scan, refused above before it runs
+    # BlockStack's scan, refused above before it runs; attention's flash kernel and mesh,
+    # reached only by tensors on an XLA device.
+    assert sorted(found) == ["core/attention.py", "core/layers.py"]
