@@ -263,7 +263,7 @@ def trainer(
 CONTENDERS: dict[str, Callable[[Any, int, int, str], dict[str, Any]]] = {
     "hand-written": hand_written,
     "trainer": trainer,
-    "trainer, traced": functools.partial(trainer, replay=False),
+    "trainer (traced)": functools.partial(trainer, replay=False),
     "accelerate": accelerate_loop,
     "trainer+sync saves": functools.partial(trainer, saves="sync"),
     "trainer+async saves": functools.partial(trainer, saves="async"),

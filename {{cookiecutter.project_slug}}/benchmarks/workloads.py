@@ -24,10 +24,10 @@ CONFIG = TrainConfig()  # the defaults every contender copies
 WORKLOADS = {
     # name: (steps per run, rounds, devices, contenders)
     "mlp": (128, 5, 1, ("hand-written", "trainer", "accelerate")),
-    "task": (43, 3, 1, ("hand-written", "trainer", "trainer, traced", "accelerate")),
+    "task": (43, 3, 1, ("hand-written", "trainer", "trainer (traced)", "accelerate")),
     "spmd": (64, 3, 8, ("hand-written", "trainer")),
     "fsdp": (32, 3, 8, ("hand-written", "trainer")),
-    "hf-llama": (33, 3, 1, ("hand-written", "trainer", "trainer, traced")),
+    "hf-llama": (33, 3, 1, ("hand-written", "trainer", "trainer (traced)")),
     "hf-moe": (33, 3, 1, ("hand-written", "trainer")),
     "ckpt": (60, 3, 1, ("trainer", "trainer+sync saves", "trainer+async saves")),
     "wandb": (60, 3, 1, ("trainer", "trainer+wandb")),
