@@ -5,8 +5,8 @@
 subprocess it starts, and yields `gs://<bucket>`. `gated_gcs_bucket` does the same on an
 emulator of its own that can hold the upload or the download of an object until the test lets
 it through or drops it (`ObjectGate`): a test knows then, for certain, where a process that
-writes or reads there is. Without gcsfs or the emulator the
-tests skip, unless REQUIRE_GCS_EMULATOR=1 makes that a failure.
+writes or reads there is, and that it is gone once its connection closes (`abandoned`).
+Without gcsfs or the emulator the tests skip, unless REQUIRE_GCS_EMULATOR=1 makes that a failure.
 
 The emulator serves one request at a time from a listen backlog of 5: a client sending more at
 once (gcsfs reading many byte ranges or objects concurrently) sees the rest dropped and retried
@@ -21,6 +21,7 @@ also adds that one call, done the same way: copy, then delete.
 import importlib.util
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -158,7 +159,8 @@ class ObjectGate:
     folder: Path
 
     def hold(self, pattern: str) -> None:
-        (self.folder / "held").unlink(missing_ok=True)
+        for name in ("held", "gone"):
+            (self.folder / name).unlink(missing_ok=True)
         (self.folder / "hold").write_text(pattern)
 
     def held(self, process: subprocess.Popen[str] | None = None) -> str:
@@ -173,6 +175,15 @@ class ObjectGate:
                 pytest.fail(f"no object matched the gate in {GATE_TIMEOUT:.0f} s", pytrace=False)
             time.sleep(0.02)
         return (self.folder / "held").read_text()
+
+    def abandoned(self) -> None:
+        """Wait until the client of the held transfer has closed its connection, as the
+        kernel does for a process that died: it got nothing of the transfer."""
+        deadline = time.monotonic() + GATE_TIMEOUT
+        while not (self.folder / "gone").exists():
+            if time.monotonic() > deadline:
+                pytest.fail(f"the held transfer's client stayed {GATE_TIMEOUT:.0f} s")
+            time.sleep(0.02)
 
     def release(self, drop: bool = False) -> None:
         """Let the held upload through; with `drop`, refuse it instead, as the upload of a
@@ -252,9 +263,21 @@ def _object_name(request: Any) -> str:
     return unquote(str(request.params.get("object_id", "")))
 
 
+def _closed(request: Any) -> bool:
+    """Whether the client of `request` has closed its connection (end of file, or a reset)."""
+    connection = request._request_handler.connection
+    if not select.select([connection], [], [], 0)[0]:
+        return False
+    try:
+        return bool(connection.recv(1, socket.MSG_PEEK) == b"")
+    except OSError:
+        return True
+
+
 def _gated(plain: Any, folder: Path, name_of: Callable[[Any], str]) -> Any:
     """A handler, holding a transfer of an object named by the pattern in FOLDER/hold while
-    that file exists; FOLDER/held names the object held, FOLDER/drop refuses it once let go.
+    that file exists; FOLDER/held names the object held, FOLDER/gone says its client closed
+    the connection meanwhile, FOLDER/drop refuses it once let go.
     The emulator serves one request at a time, so everything else waits too: the client
     cannot get past this point."""
 
@@ -266,6 +289,8 @@ def _gated(plain: Any, folder: Path, name_of: Callable[[Any], str]) -> Any:
             (folder / "held").write_text(name)
             deadline = time.monotonic() + GATE_TIMEOUT
             while hold.exists() and time.monotonic() < deadline:
+                if _closed(request):
+                    (folder / "gone").write_text(name)
                 time.sleep(0.02)
             if (folder / "drop").exists():
                 raise ConnectionAbortedError(f"the held transfer of {name} was dropped")

@@ -3,12 +3,11 @@ the local engine's bytes; a killed run resumes; a cluster that is not there is o
 
 from __future__ import annotations
 
+import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +15,11 @@ from typing import Any
 import pytest
 
 from {{ cookiecutter.package_name }}.data.encoding import Tokenizer
+from {{ cookiecutter.package_name }}.data.manifest import PLAN
 from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
 
 from data_helpers import corpus_jsonl, manifest
+from gcs_emulator import ObjectGate
 from training_helpers import cli_env
 
 # A local Ray binds 127.0.0.1 (not the machine's own address) with this: read at import.
@@ -51,7 +52,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def prepared(corpus: Path, out: Path, echo: Any = print, **options: Any) -> Any:
+def prepared(corpus: Path | str, out: Path, echo: Any = print, **options: Any) -> Any:
     settings = Settings(SEQ_LEN, eval_fraction=0.1, shard_size=SHARD, **options)
     return prepare([str(corpus)], str(out), Tokenizer(), 256, settings, echo)[0]
 
@@ -84,52 +85,57 @@ def test_ray_on_one_two_and_all_workers_of_two_nodes_writes_the_local_bytes(
 
 
 @pytest.mark.slow
+@pytest.mark.interrupts
 def test_killed_ray_run_resumes_without_tokenizing_its_finished_shards(
-    cluster: str, corpus: Path, tmp_path: Path
+    cluster: str, corpus: Path, gated_gcs_bucket: tuple[str, ObjectGate], tmp_path: Path
 ) -> None:
-    """It keeps the shards a killed Ray run finished; the rerun tokenizes only the others
-    and gives the bytes of an uninterrupted run."""
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare", str(corpus),
+    """It keeps exactly the shards a killed Ray run finished; the rerun tokenizes only the
+    others and gives the bytes of an uninterrupted run."""
+    import fsspec
+
+    bucket, gate = gated_gcs_bucket
+    for part in range(3):
+        fsspec.filesystem("gs").put(str(corpus / f"part{part}" / "corpus.jsonl"),
+                                    f"{bucket[5:]}/raw/part{part}.jsonl")  # fmt: skip
+    source, out, log = f"{bucket}/raw/*.jsonl", tmp_path / "out", tmp_path / "driver.log"
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "prepare", source,
                "--out", str(out), "--engine", "ray", "--ray-address", cluster, "--num-proc", "1",
                "--shard-size", str(SHARD), "--eval-fraction", "0.1",
                "--set", f"task_options.seq_len={SEQ_LEN}"]  # fmt: skip
-    driver = subprocess.Popen(command, env=cli_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    assert driver.stdout is not None
-    seen = []
-    for line in driver.stdout:
-        seen.append(line)
-        if line.startswith("shards 4/"):
-            break
-    driver.send_signal(signal.SIGKILL)  # no clean-up at all: Ray ends the driver's tasks
-    driver.communicate(timeout=60)
-    assert seen[-1].startswith("shards 4/"), "".join(seen)
-    assert not (out / "prepared.json").exists()
+    # One task at a time, in plan order (the workers reach the emulator through the
+    # environment the engine forwards): while a worker's read of the second file is held,
+    # the shards before the first that reads it are written and no later one can be.
+    gate.hold("raw/part1.jsonl")
+    with log.open("w") as sink:
+        driver = subprocess.Popen(command, env=cli_env(), stdout=sink, stderr=subprocess.STDOUT,
+                                  text=True)  # fmt: skip
+    try:
+        gate.held(driver)
+        shards = json.loads((out / PLAN).read_text())["shards"]
+        held = next(s["index"] for s in shards if any("part1" in p["url"] for p in s["pieces"]))
+        assert list(out.glob(f".tmp-shard-{held:05d}-*")), log.read_text()  # its task began
+        driver.kill()  # no clean-up at all: Ray ends the dead driver's tasks
+        driver.wait(timeout=60)
+        gate.abandoned()  # the worker died in the held read: it wrote nothing more
+    finally:
+        driver.kill()
+        gate.release(drop=True)
+    assert 0 < held < len(shards) and not (out / "prepared.json").exists()
+    published = {p: p.stat().st_mtime_ns for p in out.glob("*/shard-*")}
+    assert sorted(str(p.relative_to(out)) for p in published) == [
+        f"{folder}/shard-{index:05d}{end}"
+        for folder, end in (("eval", ".arrow"), ("shards", ".done"), ("train", ".arrow"))
+        for index in range(held)
+    ]
 
-    kept = settled(out)
     lines: list[str] = []
-    made = prepared(corpus, out, lines.append, engine="ray", ray_address=cluster)
-    written = len(list((out / "train").glob("shard-*.arrow")))
-    assert 4 <= len(kept) < made.shards == written
-    assert f"resuming: {len(kept)} already written" in lines[0], lines
-    assert f"{made.shards - len(kept)} shards tokenized" in lines[-1], lines
-    assert {p: p.stat().st_mtime_ns for p in kept} == kept  # not tokenized, not written again
+    prepared(source, out, lines.append, engine="ray", ray_address=cluster)
+    assert f"{len(shards)} shards" in lines[0] and f"resuming: {held} already" in lines[0], lines
+    assert f"{len(shards) - held} shards tokenized" in lines[-1], lines
+    assert {p: p.stat().st_mtime_ns for p in published} == published  # not written again
     assert not list(out.glob(".tmp-*"))
-    prepared(corpus, tmp_path / "local", num_proc=1)
-    assert files_of(out) == files_of(tmp_path / "local")
-
-
-def settled(out: Path) -> dict[Path, int]:
-    """The finished shards' files once the killed run's last task has stopped writing."""
-    found: dict[Path, int] = {}
-    for _ in range(60):
-        now = {p: p.stat().st_mtime_ns for p in (out / "train").glob("shard-*.arrow")}
-        if now == found:
-            return found
-        found = now
-        time.sleep(1.0)
-    raise AssertionError("the killed run's tasks went on writing")
+    prepared(source, tmp_path / "whole", num_proc=1)
+    assert files_of(out) == files_of(tmp_path / "whole")
 
 
 def _free_port() -> int:
