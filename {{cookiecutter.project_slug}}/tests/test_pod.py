@@ -367,7 +367,7 @@ BAD_INPUT = {
     "slices-of-v3": (
         ["train", "--tpu=t", "--slices", "2", "--accelerator-type", "v3-32"],
         {},
-        "2 slices of v3-32: Cloud TPU forms a multislice only of v4, v5litepod, v5p, v6e",
+        "2 slices of v3-32: Cloud TPU forms a multislice only of tpu7x, v4, v5litepod, v5p, v6e",
     ),
     "slices-of-nodes": (["nodes", "--tpu=t", "--slices=2", "--accelerator-type=v2-8"], {}, "v2"),
 }
@@ -579,7 +579,7 @@ def test_make_refuses_slices_the_type_cannot_form_before_calling_gcloud(tmp_path
     assert result.returncode == 2, result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [
-        "error: 2 slices of v3-8: Cloud TPU forms a multislice only of v4, v5litepod, v5p, "
+        "error: 2 slices of v3-8: Cloud TPU forms a multislice only of tpu7x, v4, v5litepod, v5p, "
         "v6e slices, not TPU v3; use one slice, or a generation that forms a multislice"
     ]
     assert not (tmp_path / "gcloud.ran").exists()
