@@ -12,8 +12,10 @@ logs="$(mktemp -d)"
 stress_pid=""
 finish() {
   if [ -n "$stress_pid" ]; then
-    pkill -P "$stress_pid" || true  # its workers, then stress itself
-    kill "$stress_pid" 2>/dev/null || true
+    # Its workers: stress reaps each and exits once none is left, so waiting for it means
+    # no load is left behind.
+    pkill -P "$stress_pid" || true
+    wait "$stress_pid" 2>/dev/null || true
   fi
 }
 trap finish EXIT

@@ -18,12 +18,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import tpu_generations
-
 # How many slices the job spans and which one this worker is on (1 and 0 on one slice), as
 # the pod launcher set them: `core.multislice` says what they read.
 from .multislice import slice_count as slice_count
 from .multislice import slice_index as slice_index
+
+# The accelerator types' facts (`core.topology`), asked of the runtime as of the other backend.
+from .topology import BAKED_ACCELERATOR_TYPE as BAKED_ACCELERATOR_TYPE
+from .topology import SHARED_CACHE_DIRS as SHARED_CACHE_DIRS
+from .topology import RuntimeConfigError as RuntimeConfigError
+from .topology import Topology as Topology
+from .topology import accelerator_type as accelerator_type
+from .topology import compile_cache_dir as compile_cache_dir
+from .topology import devices_per_chip as devices_per_chip
+from .topology import devices_per_host as devices_per_host
+from .topology import peak_bf16_flops_per_chip as peak_bf16_flops_per_chip
+from .topology import topology as topology
 
 ACCELERATORS = ("auto", "tpu", "cpu")
 # The accelerator a run resolved to, for the processes torchrun starts from it.
@@ -33,85 +43,6 @@ ACCELERATOR_VARIABLE = "TORCH_TPU_PROJECT_ACCELERATOR"
 def mesh_slice_count() -> int:
     """The slices the device mesh spans: one (this backend lays no mesh over slices)."""
     return 1
-
-
-class RuntimeConfigError(ValueError):
-    """Raised for a device/strategy request that cannot run here; the message says what to do."""
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Hosts and devices per host of a TPU accelerator type such as `v4-32`."""
-
-    hosts: int
-    devices_per_host: int
-
-    @property
-    def devices(self) -> int:
-        return self.hosts * self.devices_per_host
-
-
-def _slice(accelerator_type: str) -> tuple[tpu_generations.Generation, int]:
-    try:
-        return tpu_generations.parse(accelerator_type)
-    except tpu_generations.UnknownAcceleratorType as error:
-        raise RuntimeConfigError(str(error)) from None
-
-
-def topology(accelerator_type: str) -> Topology:
-    """Return the host/device layout of an accelerator type (`v4-8`, `v5p-16`, ...)."""
-    generation, size = _slice(accelerator_type)
-    return Topology(generation.hosts(size), generation.devices_per_host(size))
-
-
-def devices_per_host(accelerator_type: str) -> int:
-    """Devices on each host of the slice: the processes torchrun starts there."""
-    return topology(accelerator_type).devices_per_host
-
-
-def peak_bf16_flops_per_chip(accelerator_type: str) -> float:
-    """Peak bf16 FLOP/s of one chip of the slice's generation (for MFU)."""
-    return _slice(accelerator_type)[0].peak_bf16_flops_per_chip
-
-
-def devices_per_chip(accelerator_type: str) -> int:
-    return _slice(accelerator_type)[0].devices_per_chip
-
-
-# What this project was made for; TPU_ACCELERATOR_TYPE (set on TPU VMs) wins.
-BAKED_ACCELERATOR_TYPE = "{{ cookiecutter.accelerator_type }}"
-
-
-def accelerator_type() -> str:
-    """This TPU's accelerator type: TPU_ACCELERATOR_TYPE, else the baked one."""
-    return os.environ.get("TPU_ACCELERATOR_TYPE") or BAKED_ACCELERATOR_TYPE
-
-
-SHARED_CACHE_DIRS = (
-    "/var/cache/{{ cookiecutter.project_slug }}/xla",
-    "~/.cache/{{ cookiecutter.project_slug }}/xla",
-)
-
-
-def compile_cache_dir(
-    setting: str, accelerator: str, candidates: tuple[str, ...] = SHARED_CACHE_DIRS
-) -> str | None:
-    """The persistent compilation cache of a run: a path, or None (`auto` is on for TPU)."""
-    if setting in ("", "off"):
-        return None
-    if setting != "auto":
-        return setting
-    if accelerator != "tpu":
-        return None
-    for candidate in candidates:
-        folder = os.path.expanduser(candidate)
-        try:
-            os.makedirs(folder, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(folder, os.W_OK):
-            return folder
-    return None
 
 
 def tpu_present() -> bool:

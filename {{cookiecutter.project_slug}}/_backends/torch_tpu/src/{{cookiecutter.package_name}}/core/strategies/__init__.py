@@ -11,7 +11,8 @@ from __future__ import annotations
 from .. import runtime
 from ..runtime import RuntimeConfigError
 from ..sharding import parse_mesh
-from .base import CPU_EMULATED_DEVICES, SingleDevice, Strategy, blocks_of
+from .base import CPU_EMULATED_DEVICES, SingleDevice, Strategy
+from .blocks import blocks_of
 from .ddp import DataParallelProcesses
 from .fsdp import FullyShardedDataParallel
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -13,6 +12,9 @@ from torch import nn
 from .. import runtime, tying
 from ..runtime import RuntimeConfigError
 from ..sharding import Rule
+from .blocks import CHECKPOINT_PREFIX, checkpoint_blocks
+from .blocks import blocks_of as blocks_of  # asked of every backend's strategies.base
+from .spawning import spawn
 
 # `--devices all` off a TPU starts this many CPU processes.
 CPU_EMULATED_DEVICES = 8
@@ -244,117 +246,3 @@ class ProcessPerDevice(Strategy):
         reduced = tensor.clone()
         dist.all_reduce(reduced)
         return reduced
-
-
-def spawn(
-    strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...], start_method: str
-) -> Any:
-    """Start one process per device on this host through torchrun's launcher (a c10d
-    rendezvous on a free local port) and return process 0's result.
-
-    An expected error (a bad config, a checkpoint that cannot be read: a ValueError) comes
-    back from every process and is raised here as it was raised there, in one line; a
-    crash stops the other processes and raises RuntimeError with its last line.
-    """
-    import logging
-
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    if strategy.accelerator == "tpu":
-        # TorchTPU's launcher helper sets the slice's addresses and topology for the
-        # processes (TORCH_TPU_SLICEBUILDER_ADDRESSES, TORCH_TPU_TOPOLOGY): a TPU only.
-        from torch.tpu.distributed import environment  # type: ignore[import-not-found]
-
-        environment.set_tpu_launch_env(nproc_per_node=strategy.cpu_devices())
-    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
-        logging.getLogger(name).setLevel(logging.ERROR)  # the launcher's own chatter
-    pod = runtime.hosts()
-    if pod.count > 1:  # every host's launcher meets at the first host's store
-        rendezvous: dict[str, Any] = {
-            "rdzv_backend": "static",
-            "rdzv_endpoint": f"{pod.coordinator}:{pod.port}",
-            "rdzv_configs": {"rank": pod.rank, "timeout": 900},
-            "run_id": "{{ cookiecutter.project_slug }}",
-        }
-    else:  # one host: a store on a free local port, no other run can meet it
-        rendezvous = {"rdzv_backend": "c10d", "rdzv_endpoint": "localhost:0",
-                      "run_id": uuid.uuid4().hex}  # fmt: skip
-    config = LaunchConfig(
-        min_nodes=pod.count,
-        max_nodes=pod.count,
-        nproc_per_node=strategy.cpu_devices(),
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="fork" if start_method == "fork" else "spawn",
-        **rendezvous,
-    )
-    try:
-        results = elastic_launch(config, _process_entry)(strategy, fn, args)
-    except ChildFailedError as error:
-        rank, failure = error.get_first_failure()
-        raw = failure.message
-        message = str(raw.get("message", raw) if isinstance(raw, dict) else raw)
-        last = message.strip().splitlines()[-1] if message.strip() else "failed"
-        raise RuntimeError(f"process {rank} failed: {last}") from None
-    for rank in sorted(results):
-        if isinstance(results[rank], _Failed):
-            raise results[rank].error
-    return results[min(results)]  # this host's first process (the job's on host 0)
-
-
-class _Failed:
-    """An expected error a process met, sent back to the launching process."""
-
-    def __init__(self, error: ValueError) -> None:
-        self.error = error
-
-
-def _process_entry(strategy: Strategy, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    try:
-        strategy.start()
-        return fn(*args)
-    except ValueError as error:  # every process meets it alike: no one waits for the others
-        return _Failed(error)
-
-
-CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
-
-
-def blocks_of(model: nn.Module, block_class: type[nn.Module] | None) -> list[nn.Module]:
-    """The model's repeated blocks (instances of `block_class`), outermost first."""
-    if block_class is None:
-        return []
-    return [m for m in model.modules() if isinstance(m, block_class) and m is not model]
-
-
-def checkpoint_blocks(model: nn.Module, block_class: type[nn.Module] | None) -> int:
-    """Recompute each block's activations in the backward pass instead of storing them."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        apply_activation_checkpointing,
-    )
-
-    blocks = blocks_of(model, block_class)
-    if not blocks:
-        raise RuntimeConfigError(
-            "activation_checkpointing needs the task to name its repeated block "
-            "(block_class), or a model built from a BlockStack"
-        )
-    wanted = {id(block) for block in blocks}
-    apply_activation_checkpointing(model, check_fn=lambda module: id(module) in wanted)
-    return len(blocks)
-
-
-def check_after(model: nn.Module, report: tying.TieReport) -> tying.TieReport:
-    """The tie report once the model is wrapped or sharded: its distinct parameters counted
-    again (a wrapper that lost a tie would train two copies), with a warning if they differ."""
-    import warnings
-
-    after = tying.parameter_count(model)
-    if after != report.after:
-        warnings.warn(
-            f"the model had {report.after} distinct parameters before it was sharded and "
-            f"{after} after: some tied weights are no longer shared",
-            stacklevel=3,
-        )
-    return tying.TieReport(report.groups, report.before, after)

@@ -8,7 +8,8 @@ from torch import nn
 
 from .. import runtime, tying
 from ..sharding import Rule
-from .base import ProcessPerDevice, check_after, checkpoint_blocks
+from .base import ProcessPerDevice
+from .blocks import check_after, checkpoint_blocks
 
 DDP_PREFIX = "module."
 

@@ -31,7 +31,8 @@ from ..sharding import (
     mesh_text,
     parse_mesh,
 )
-from .base import ProcessPerDevice, blocks_of, check_after, checkpoint_blocks
+from .base import ProcessPerDevice
+from .blocks import blocks_of, check_after, checkpoint_blocks
 
 AXES = ("data", "fsdp", "tensor")
 
