@@ -85,4 +85,4 @@ def test_slice_counts_are_whole_numbers_from_one(text: str) -> None:
 def test_the_table_says_which_generations_form_a_multislice() -> None:
     """It takes the multislice column of the TPU table: v4 and later."""
     able = {key for key, g in tpu_generations.generations().items() if g.multislice}
-    assert able == {"v4", "v5litepod", "v5p", "v6e"}
+    assert able == {"v4", "v5litepod", "v5p", "v6e", "tpu7x"}
