@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import HFConfigError
+from .common import HFConfigError
 
 NAME = "xla_documents"
 # Config fields that make attention more than causal within documents, when set.
