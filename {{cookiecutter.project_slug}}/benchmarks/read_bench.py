@@ -176,7 +176,11 @@ def main() -> None:
         run([sys.executable, "-c", "import fsspec, sys; fsspec.filesystem('gs').get("
              "'bench/prepared-1x', sys.argv[1], recursive=True)", str(local)], direct)  # fmt: skip
         rows = []
-        window = (args.seq_len + 1) * 4
+        # A window's bytes: each per-token column it carries (ids, and the positions that
+        # mark where documents start), 4 bytes a token.
+        index = json.loads((local / "train" / "index.json").read_text())
+        columns = list(index["files"][0]["chunks"][0]["at"])
+        window = (args.seq_len + 1) * 4 * len(columns)
         for name, data in (("local 1x", str(local)), ("gs:// 1x", "gs://bench/prepared-1x"),
                            ("gs:// 10x", "gs://bench/prepared-10x")):  # fmt: skip
             home = args.out / f"home-{len(rows)}"
@@ -198,8 +202,9 @@ def main() -> None:
         emulator.terminate()
         emulator.wait()
     lines = [
-        f"{args.steps} steps of batch {args.batch_size}, windows of {args.seq_len + 1} ids "
-        f"({window:,} bytes), {args.delay_ms:.0f} ms added to each gs:// request",
+        f"{args.steps} steps of batch {args.batch_size}, windows of {args.seq_len + 1} tokens "
+        f"({', '.join(columns)}: {window:,} bytes), {args.delay_ms:.0f} ms added to each "
+        "gs:// request",
         "| data | steps/s | requests | asked / trained | wire / trained | peak RSS MiB | "
         "local disk bytes |",
         "| --- | --- | --- | --- | --- | --- | --- |",

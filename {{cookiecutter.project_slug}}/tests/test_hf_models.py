@@ -187,6 +187,41 @@ def test_causal_decoders_run_the_projects_attention_and_windowed_ones_keep_sdpa(
     assert chosen == {"llama": NAME, "qwen2": NAME, "gemma2": "sdpa", "mistral": "sdpa"}
 
 
+def test_a_forward_given_no_positions_attends_causally_without_a_document_mask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It builds no document mask for a forward given no positions (one document a row),
+    one per layer for a forward given them, and forgets them at the next forward."""
+    from {{ cookiecutter.package_name }}.core import attention as core_attention
+    from {{ cookiecutter.package_name }}.hf import prepare as prepare_model
+    from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
+
+    built: list[int] = []
+    real = core_attention.document_mask
+
+    def counted(segments: torch.Tensor) -> torch.Tensor:
+        built.append(1)
+        return real(segments)
+
+    monkeypatch.setattr(core_attention, "document_mask", counted)
+    task = make_task(**{**OPTIONS, "max_bytes": 4000})
+    torch.manual_seed(0)
+    model = prepare_model(task.build_model()).eval()
+    x = torch.randint(0, 250, (2, 16))
+    positions = torch.arange(16).repeat(2, 1)
+    positions[:, 8:] -= 8  # two documents in each row
+    with torch.no_grad():
+        alone = model(input_ids=x).logits
+        assert built == []
+        packed = model(x, None, positions).logits  # positions given by place, not by name
+        assert len(built) == OPTIONS["layers"]
+        again = model(input_ids=x, position_ids=None).logits
+    assert len(built) == OPTIONS["layers"]
+    assert torch.equal(alone, again)
+    assert torch.allclose(packed[:, :8], alone[:, :8], atol=1e-5)
+    assert (packed[:, 8:] - alone[:, 8:]).abs().max() > 1e-3  # the second documents, alone
+
+
 def test_packed_documents_have_the_losses_they_have_alone(tmp_path: Path, xla_device: Any) -> None:
     """It gives each document of a packed window its losses alone (Llama), in one graph with
     no host read, through the project's attention and through transformers' SDPA masks."""

@@ -64,6 +64,7 @@ def tensorboard_tags(run_dir: Path) -> set[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.interrupts
 def test_preempted_run_resumed_on_another_vm_continues_its_wandb_run(
     gcs_bucket: str, gated_src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

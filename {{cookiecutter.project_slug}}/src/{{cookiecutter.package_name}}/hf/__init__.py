@@ -29,7 +29,8 @@ def prepare(model: nn.Module, moe: MoeSettings | None = None) -> nn.Module:
       checkpointing a recomputed layer would append to it a second time.
     - Attention stays inside each document (`position_ids` that restart at each one): a
       causal decoder runs the project's attention (`attention.py`: Pallas flash attention
-      on TPU, SDPA elsewhere); one with sliding windows or other extras, transformers' SDPA
+      on TPU, SDPA elsewhere; causal alone when the forward is given no positions); one
+      with sliding windows or other extras, transformers' SDPA
       and its masks.
     - Mixtures of experts compute their experts with static shapes, and return their
       router's load-balancing loss while training (`moe.py`, with `moe`'s settings).
@@ -37,7 +38,7 @@ def prepare(model: nn.Module, moe: MoeSettings | None = None) -> nn.Module:
     inner = unwrap(model)
     if inner is None:
         return model
-    from .attention import NAME, plain_causal, register
+    from .attention import NAME, plain_causal, register, watch_positions
     from .masks import static_masks
     from .moe import prepare_experts
 
@@ -47,6 +48,7 @@ def prepare(model: nn.Module, moe: MoeSettings | None = None) -> nn.Module:
     if plain_causal(inner.config):
         register()
         inner.set_attn_implementation(NAME)
+        watch_positions(inner)
     elif inner.config._attn_implementation not in ("sdpa", "eager"):
         inner.set_attn_implementation("sdpa")
     return model

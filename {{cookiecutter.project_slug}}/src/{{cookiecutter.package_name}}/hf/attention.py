@@ -10,6 +10,12 @@ transformers' own rule for packed sequences): the Pallas flash kernel on TPU, SD
 block-diagonal causal mask elsewhere. Its mask is only the 2-D padding mask a task may give
 (padded tokens become a segment of their own), so no [tokens x tokens] mask is built.
 
+A forward given no `position_ids` (transformers then counts 0, 1, 2, ... in every row) holds
+one document per row: its layers attend causally with no mask to build, which on XLA costs
+a sixth of a small Llama's step. `watch_positions` notes, at each forward of the model,
+whether the caller gave positions; the note holds through that forward's backward (a
+recomputed layer attends as it did).
+
 Layers whose attention is more than causal within documents (sliding windows, chunks, logit
 soft-capping, attention sinks, bidirectional parts) keep transformers' SDPA and its masks,
 which honour documents through the same position ids.
@@ -17,9 +23,11 @@ which honour documents through the same position ids.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
+from torch import nn
 
 from .common import HFConfigError
 
@@ -40,6 +48,25 @@ def plain_causal(config: Any) -> bool:
     return not (
         getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
     )
+
+
+# Whether the last forward of a watched model was given position ids (a dict: dynamo traces
+# its update inside a compiled step without a graph break, unlike a class attribute's).
+_POSITIONS = {"given": True}
+
+
+def watch_positions(model: nn.Module) -> None:
+    """Note, before each forward of `model`, whether its caller gave `position_ids`."""
+    names = list(inspect.signature(model.forward).parameters)
+    at = names.index("position_ids") if "position_ids" in names else None
+
+    def before(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        given = kwargs.get("position_ids")
+        if given is None and at is not None and len(args) > at:
+            given = args[at]
+        _POSITIONS["given"] = given is not None
+
+    model.register_forward_pre_hook(before, with_kwargs=True)
 
 
 def register() -> None:
@@ -83,7 +110,7 @@ def documents_attention(
         raise HFConfigError(f"{type(module).__name__} has attention sinks: run it with sdpa")
     batch, tokens = query.shape[0], query.shape[2]
     segments = None
-    if position_ids is not None:
+    if position_ids is not None and _POSITIONS["given"]:
         segments = document_segments(position_ids.expand(batch, tokens))
     if attention_mask is not None:  # padded tokens: a segment of their own, read by no other
         valid = attention_mask.to(torch.bool).expand(batch, tokens)

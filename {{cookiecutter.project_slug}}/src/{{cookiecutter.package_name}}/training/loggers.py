@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +93,11 @@ class TensorBoard:
 
 class WandbRun:
     """A W&B run: the config at its start, the scalars against the training step, the report
-    lines and the closing summary in its summary; its files in `run_dir/wandb`."""
+    lines and the closing summary in its summary; its files in `run_dir/wandb`.
+
+    W&B's own calls (each a few milliseconds of Python) run on a thread of their own, in the
+    order the loop made them: the loop's thread, which a TPU waits on, only hands them over.
+    The summary waits for them, and a call that failed stops the run at its next one."""
 
     def __init__(self, run_dir: Path, config: Any, records: str) -> None:
         import wandb
@@ -116,16 +122,31 @@ class WandbRun:
         self.run.define_metric(STEP)
         self.run.define_metric("*", step_metric=STEP)
         self.lines: list[str] = []
+        self.calls = ThreadPoolExecutor(1, thread_name_prefix="wandb")
+        self.failed: BaseException | None = None
+
+    def _later(self, call: Callable[..., Any], *args: Any) -> None:
+        if self.failed is not None:
+            raise self.failed
+        self.calls.submit(call, *args).add_done_callback(self._check)
+
+    def _check(self, done: Future[Any]) -> None:
+        if self.failed is None and done.exception() is not None:
+            self.failed = done.exception()
 
     def scalars(self, step: int, values: dict[str, float], prefix: str) -> None:
-        self.run.log({STEP: step, **{f"{prefix}/{key}": value for key, value in values.items()}})
+        logged = {STEP: step, **{f"{prefix}/{key}": value for key, value in values.items()}}
+        self._later(self.run.log, logged)
 
     def line(self, text: str) -> None:
         self.lines.append(text)
-        self.run.summary["report"] = list(self.lines)
+        self._later(self.run.summary.__setitem__, "report", list(self.lines))
 
     def summary(self, data: dict[str, Any]) -> None:
         """The run's summary, with the goodput of every attempt so far; then finish."""
+        self.calls.shutdown(wait=True)
+        if self.failed is not None:
+            _note(f"a W&B call failed, the run's history may lack figures: {self.failed}")
         self.run.summary.update({k: v for k, v in data.items() if k not in NOT_SUMMARISED})
         whole = _goodput(data.get("records") or {})
         if whole is not None:
