@@ -192,6 +192,30 @@ def test_eval_loader_counts_each_sample_once_in_full_batches(world, length):
     assert len(set(batches_per_rank)) == 1, "replicas must run the same number of eval steps"
 
 
+class BatchReads(DictDataset):
+    """A DictDataset read a batch at a time (as a dataset on gs:// fetches its windows)."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.reads: list[list[int]] = []
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        raise AssertionError("read one sample at a time")
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        self.reads.append(list(indices))
+        return [DictDataset.__getitem__(self, index) for index in indices]
+
+
+def test_eval_loader_reads_a_batch_at_once_where_the_dataset_can():
+    """It asks a dataset with `__getitems__` for each batch at once, padding included."""
+    dataset = BatchReads(6)
+    batches = list(eval_dataloader(dataset, 4, 1, 0))
+    assert dataset.reads == [[0, 1, 2, 3], [4, 5, 0, 0]]  # the padding repeats sample 0
+    assert [batch["valid"].tolist() for batch in batches] == [[1.0] * 4, [1.0, 1.0, 0.0, 0.0]]
+    assert batches[1]["index"].tolist() == [4, 5, 0, 0]
+
+
 class Stream(IterableDataset):
     """A stream of numbered samples; `set_epoch` reorders it, like a shuffled shard list."""
 

@@ -45,7 +45,21 @@ class MaskedDataset(Dataset[dict[str, Any]]):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         real = index < self.length
-        sample = self.dataset[index if real else 0]
+        return self._flagged(self.dataset[index if real else 0], real)
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        """A batch at once, through the dataset's own `__getitems__` when it has one: a
+        dataset read in place on gs:// then fetches a batch's windows together, not one
+        request after another."""
+        many = getattr(self.dataset, "__getitems__", None)
+        if many is None:
+            return [self[index] for index in indices]
+        real = [index < self.length for index in indices]
+        samples = many([index if ok else 0 for index, ok in zip(indices, real, strict=True)])
+        return [self._flagged(sample, ok) for sample, ok in zip(samples, real, strict=True)]
+
+    @staticmethod
+    def _flagged(sample: Any, real: bool) -> dict[str, Any]:
         if not isinstance(sample, Mapping):
             raise TypeError(
                 f"eval samples must be dicts of tensors, got {type(sample).__name__}: "
