@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from {{ cookiecutter.package_name }}.core.checkpointing import completed_steps
+from {{ cookiecutter.package_name }}.core.checkpoint_files import completed_steps
 
 from gates import PATIENCE, Gate
 from training_helpers import cli, popen, preempt, write_config

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from {{ cookiecutter.package_name }}.cli import app
-from {{ cookiecutter.package_name }}.core import doctor
+from {{ cookiecutter.package_name }}.core import doctor, host_checks
 
 from training_helpers import cli_env
 
@@ -90,8 +90,8 @@ def test_holders_of_a_device_file_are_found_with_the_fix(tmp_path: Path) -> None
     with device.open() as held:  # the holder has it from fork on, until it is killed
         holder = subprocess.Popen(["tail", "-f", "/dev/null"], stdin=held)
     try:
-        holders = doctor.device_holders([str(tmp_path / "accel*")])
-        check = doctor.check_holders(holders)
+        holders = host_checks.device_holders([str(tmp_path / "accel*")])
+        check = host_checks.check_holders(holders)
     finally:
         holder.kill()
         holder.wait()
@@ -101,24 +101,24 @@ def test_holders_of_a_device_file_are_found_with_the_fix(tmp_path: Path) -> None
 
 def test_no_device_files_means_no_holders(tmp_path: Path) -> None:
     """It reports no holders when there are no device files."""
-    assert doctor.device_holders([str(tmp_path / "accel*")]) == {}
-    assert doctor.check_holders({}).status == "ok"
+    assert host_checks.device_holders([str(tmp_path / "accel*")]) == {}
+    assert host_checks.check_holders({}).status == "ok"
 
 
 def test_full_capabilities_mean_privileged() -> None:
     """It calls a container privileged only when CapEff holds every capability."""
-    assert doctor.capabilities_full("CapEff:\t000001ffffffffff\n", 40)
-    assert not doctor.capabilities_full("CapEff:\t000001fffeffffff\n", 40)
-    assert not doctor.capabilities_full("CapEff:\t00000000a80425fb\n", 40)
+    assert host_checks.capabilities_full("CapEff:\t000001ffffffffff\n", 40)
+    assert not host_checks.capabilities_full("CapEff:\t000001fffeffffff\n", 40)
+    assert not host_checks.capabilities_full("CapEff:\t00000000a80425fb\n", 40)
 
 
 def test_small_shm_is_a_warning(tmp_path: Path) -> None:
     """It warns with the --shm-size fix when /dev/shm is below 1 GiB."""
-    check = doctor.check_shm(str(tmp_path / "missing"))
+    check = host_checks.check_shm(str(tmp_path / "missing"))
     assert check.status == "warn" and "--shm-size" in check.fix
     stats = os.statvfs(tmp_path)
-    big_enough = stats.f_frsize * stats.f_blocks >= doctor.MIN_SHM_BYTES
-    assert doctor.check_shm(str(tmp_path)).status == ("ok" if big_enough else "warn")
+    big_enough = stats.f_frsize * stats.f_blocks >= host_checks.MIN_SHM_BYTES
+    assert host_checks.check_shm(str(tmp_path)).status == ("ok" if big_enough else "warn")
 
 
 def test_compile_cache_location_comes_from_env_or_config() -> None:
@@ -158,4 +158,5 @@ def test_compile_cache_line_says_whether_the_last_run_hit_it(tmp_path: Path) -> 
 def test_this_torch_xla_has_no_xla_dist() -> None:
     """It knows torch_xla 2.9 no longer ships the xla_dist pod launcher."""
     assert doctor.xla_version() is not None
-    assert doctor.xla_dist_available() is (doctor.major_minor(doctor.xla_version() or "") <= (2, 0))
+    release = host_checks.major_minor(doctor.xla_version() or "")
+    assert doctor.xla_dist_available() is (release <= (2, 0))

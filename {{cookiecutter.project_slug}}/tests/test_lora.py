@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from {{ cookiecutter.package_name }}.core import make_plan
-from {{ cookiecutter.package_name }}.core.checkpointing import find_checkpoint, saved_keys
+from {{ cookiecutter.package_name }}.core.checkpoint_files import find_checkpoint
+from {{ cookiecutter.package_name }}.core.checkpointing import saved_keys
 from {{ cookiecutter.package_name }}.training import build_config, fit
 from {{ cookiecutter.package_name }}.training.export import export_checkpoint
 

@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 
-from {{ cookiecutter.package_name }}.core.checkpointing import (
+from {{ cookiecutter.package_name }}.core.checkpoint_files import (
     COMMIT_MARKER,
     completed_steps,
     find_checkpoint,
-    read,
-    saved_keys,
 )
+from {{ cookiecutter.package_name }}.core.checkpointing import read, saved_keys
 
 from gates import Gate
 from gcs_emulator import ObjectGate
@@ -36,9 +35,9 @@ def full_state(path: Path | str) -> dict[str, Any]:
     """Every tensor of a checkpoint, read on the CPU with torch alone."""
     import torch
 
-    from {{ cookiecutter.package_name }}.core.checkpointing import _reader
+    from {{ cookiecutter.package_name }}.core.checkpoint_files import reader
 
-    metadata = _reader(str(path)).read_metadata().state_dict_metadata
+    metadata = reader(str(path)).read_metadata().state_dict_metadata
     state = {
         key: torch.empty(entry.size, dtype=entry.properties.dtype)
         for key, entry in metadata.items()

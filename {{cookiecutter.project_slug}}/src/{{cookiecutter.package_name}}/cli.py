@@ -103,7 +103,7 @@ def train(
 
 def _run(cfg: Any) -> dict[str, Any]:
     """Launch a run; every expected failure becomes one line and its exit code."""
-    from .core.checkpointing import CheckpointError, CheckpointWriteError
+    from .core.checkpoint_files import CheckpointError, CheckpointWriteError
     from .training import train as run_training
 
     try:
@@ -205,7 +205,7 @@ def evaluate(
 ) -> None:
     """Evaluate a checkpoint (resharded to any strategy) and print the metrics as JSON."""
     from .core import launch
-    from .core.checkpointing import CheckpointError
+    from .core.checkpoint_files import CheckpointError
     from .training import plan_of
     from .training.checkpoint import read_config
     from .training.config import ConfigError, build_config
@@ -244,7 +244,7 @@ def export(
     ] = "5GB",
 ) -> None:
     """Write a checkpoint's weights for plain torch on a CPU, or as a Hugging Face model."""
-    from .core.checkpointing import CheckpointError
+    from .core.checkpoint_files import CheckpointError
     from .training.config import ConfigError
     from .training.export import export_checkpoint
 
@@ -263,11 +263,12 @@ def doctor(
     """Check the torch/torch_xla setup of this host; print the fix of each problem."""
     import os
 
-    from .core import doctor as checks
+    from .core.doctor import run_checks
+    from .core.host_checks import report
 
     cfg = resolve_config(config, None, {})
-    found = checks.run_checks(os.environ, cfg.compile_cache, Path(cfg.run_dir) / "summary.json")
-    result = checks.report(found)
+    found = run_checks(os.environ, cfg.compile_cache, Path(cfg.run_dir) / "summary.json")
+    result = report(found)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:

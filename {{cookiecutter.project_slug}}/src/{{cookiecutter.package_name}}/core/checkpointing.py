@@ -9,108 +9,20 @@ ignored, so a crash never costs the previous checkpoint. Reading needs only torc
 
 from __future__ import annotations
 
-import posixpath
-import warnings
 from concurrent.futures import Future
 from typing import Any
 
-# Notes torch and torch_xla print on every save or load about their own internals.
-_NOTES = (
-    "TypedStorage is deprecated",
-    "The function definition for SavePlanner",
-    "torch.distributed is disabled, unavailable or uninitialized",  # one process reads
-)
-for _note in _NOTES:
-    warnings.filterwarnings("ignore", message=_note, category=UserWarning)
-
-COMMIT_MARKER = ".manager_metadata"  # the last file of a save: the checkpoint is whole
-DCP_METADATA = ".metadata"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or written; the message says where and why."""
-
-
-class CheckpointWriteError(CheckpointError):
-    """A save that failed (unwritable or full destination); earlier checkpoints are whole."""
-
-
-def failures() -> tuple[type[BaseException], ...]:
-    """What a checkpoint read or write can raise: any error, and DCP's CheckpointException
-    (a BaseException, so `except Exception` misses it)."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    return (Exception, CheckpointException)
-
-
-def reason(error: BaseException) -> str:
-    """The first line of an error; for DCP's CheckpointException, of the error inside it."""
-    failures_by_rank = getattr(error, "failures", None)
-    if isinstance(failures_by_rank, dict) and failures_by_rank:
-        inner = next(iter(failures_by_rank.values()))  # (exception, stack) of one rank
-        error = inner[0] if isinstance(inner, tuple) else inner
-    text = (str(error).strip() or type(error).__name__).splitlines()[0]
-    return text[:300]
-
-
-def filesystem(url: str) -> tuple[Any, str]:
-    import fsspec
-
-    try:
-        fs, path = fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as error:
-        raise CheckpointError(f"cannot open {url!r}: {reason(error)}") from None
-    return fs, path
-
-
-def join(base: str, *parts: str) -> str:
-    return posixpath.join(base.rstrip("/"), *parts)
-
-
-def completed_steps(directory: str) -> list[int]:
-    """Steps with a whole checkpoint in `directory`, oldest first (no torch_xla needed)."""
-    fs, path = filesystem(directory)
-    try:
-        entries = fs.ls(path, detail=False) if fs.isdir(path) else []
-    except OSError:
-        return []
-    steps = []
-    for entry in entries:
-        name = posixpath.basename(entry.rstrip("/"))
-        if name.isdigit() and fs.exists(join(entry, COMMIT_MARKER)):
-            steps.append(int(name))
-    return sorted(steps)
-
-
-def find_checkpoint(location: str) -> str:
-    """A checkpoint folder itself, or the newest whole checkpoint in a checkpoint directory."""
-    fs, path = filesystem(location)
-    if fs.exists(join(path, DCP_METADATA)):
-        return location
-    steps = completed_steps(location)
-    if steps:
-        return join(location, str(steps[-1]))
-    if not fs.exists(path):
-        raise CheckpointError(f"checkpoint {location!r} does not exist")
-    raise CheckpointError(
-        f"{location!r} is neither a checkpoint nor a directory holding one "
-        "(no .metadata, no whole step folder)"
-    )
-
-
-def _reader(location: str) -> Any:
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-    return FsspecReader(location) if "://" in location else FileSystemReader(location)
+from . import checkpoint_files as files
 
 
 def saved_keys(location: str) -> set[str]:
     """The flattened names of everything a checkpoint holds (`model.embed.weight`, ...)."""
     try:
-        return set(_reader(location).read_metadata().state_dict_metadata)
-    except failures() as error:  # a missing or foreign file: several exception types
-        raise CheckpointError(f"cannot read checkpoint {location!r}: {reason(error)}") from None
+        return set(files.reader(location).read_metadata().state_dict_metadata)
+    except files.failures() as error:  # a missing or foreign file: several exception types
+        raise files.CheckpointError(
+            f"cannot read checkpoint {location!r}: {files.reason(error)}"
+        ) from None
 
 
 def read(location: str, state: dict[str, Any]) -> None:
@@ -123,9 +35,11 @@ def read(location: str, state: dict[str, Any]) -> None:
     import torch.distributed.checkpoint as dcp
 
     try:
-        dcp.load(state, storage_reader=_reader(location), planner=_load_planner(state))
-    except failures() as error:
-        raise CheckpointError(f"cannot read checkpoint {location!r}: {reason(error)}") from None
+        dcp.load(state, storage_reader=files.reader(location), planner=_load_planner(state))
+    except files.failures() as error:
+        raise files.CheckpointError(
+            f"cannot read checkpoint {location!r}: {files.reason(error)}"
+        ) from None
 
 
 def _load_planner(state: dict[str, Any]) -> Any:
@@ -170,9 +84,9 @@ class CheckpointStore:
                 process_group=group,
                 chkpt_on_preemption=preemption,
             )
-        except failures() as error:  # fsspec and the OS raise many types here
-            raise CheckpointError(
-                f"cannot use checkpoint directory {directory!r}: {reason(error)}"
+        except files.failures() as error:  # fsspec and the OS raise many types here
+            raise files.CheckpointError(
+                f"cannot use checkpoint directory {directory!r}: {files.reason(error)}"
             ) from None
         self._checked = 0  # futures already inspected
 
@@ -180,7 +94,7 @@ class CheckpointStore:
         return list(self.manager.all_steps())
 
     def path(self, step: int) -> str:
-        return join(self.directory, str(step))
+        return files.join(self.directory, str(step))
 
     def save(self, step: int, state: dict[str, Any]) -> str:
         """Write `state` as `step` (in the background with async_save); return its path."""
@@ -190,9 +104,9 @@ class CheckpointStore:
                 self.manager.save_async(step, _frozen(state), force=True)
             else:
                 self.manager.save(step, state, force=True)
-        except failures() as error:
-            raise CheckpointWriteError(
-                f"cannot write checkpoint {self.path(step)!r}: {reason(error)}"
+        except files.failures() as error:
+            raise files.CheckpointWriteError(
+                f"cannot write checkpoint {self.path(step)!r}: {files.reason(error)}"
             ) from None
         return self.path(step)
 
@@ -209,8 +123,8 @@ class CheckpointStore:
             self._checked += 1
             error = future.exception()
             if error is not None:
-                raise CheckpointWriteError(
-                    f"cannot write a checkpoint in {self.directory!r}: {reason(error)}"
+                raise files.CheckpointWriteError(
+                    f"cannot write a checkpoint in {self.directory!r}: {files.reason(error)}"
                 )
 
     def finish(self) -> None:

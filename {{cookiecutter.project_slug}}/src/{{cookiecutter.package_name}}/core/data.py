@@ -1,4 +1,4 @@
-"""Shard data across replicas and feed it to XLA devices with static shapes."""
+"""Shard data across replicas and feed it to the device with static shapes."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from torch.utils.data import (
     get_worker_info,
 )
 
-from . import runtime
 from .eval_data import VALID_KEY, eval_dataloader
 from .sampling import ShardSampler, StreamPositions
+from .transfer import ONLY_TENSORS, device_batches
 
 __all__ = ["VALID_KEY", "DeviceFeeder", "HostShard", "eval_dataloader", "prepare_dataloader"]
 
@@ -144,25 +144,25 @@ def check_batch(batch: Any, path: str = "batch") -> None:
             check_batch(value, f"{path}[{i}]")
         return
     raise TypeError(
-        f"{path} is a {type(batch).__name__}, not a tensor: XLA devices take only tensors, "
+        f"{path} is a {type(batch).__name__}, not a tensor: {ONLY_TENSORS}, "
         "so convert it in the dataset or collate_fn (or drop it from the batch)"
     )
 
 
 class DeviceFeeder:
-    """Feeds one replica's CPU loader to its XLA device, epoch by epoch.
+    """Feeds one replica's CPU loader to its device, epoch by epoch.
 
     Built once: it checks that batches hold only tensors and asks the strategy how a
-    batch is laid out over the devices. Each `epoch()` reshuffles and returns
-    torch_xla's MpDeviceLoader, which uploads batches ahead in the background. With
-    `cut_steps` it cuts the graph before each batch (one batch, one step); without,
-    the caller cuts it (`torch_xla.sync()`) where its step ends, e.g. after the last
-    of several accumulated micro-batches.
+    batch is laid out over the devices. Each `epoch()` reshuffles and returns the batches
+    on the device, moved ahead of the step that needs them (`transfer.device_batches`, the
+    backend's). With `cut_steps` a lazy graph is cut before each batch (one batch, one
+    step); without, the caller cuts it where its step ends, e.g. after the last of several
+    accumulated micro-batches.
     """
 
     def __init__(self, loader: DataLoader, strategy: Strategy, cut_steps: bool = True) -> None:
         self.loader = loader
-        # MpDeviceLoader cuts before every k-th batch; never reaching k leaves it to us.
+        # The graph is cut before every k-th batch; never reaching k leaves it to the caller.
         self.batches_per_execution = 1 if cut_steps else sys.maxsize
         self.sample = next(iter(loader))  # on the host, as the loader gives it
         check_batch(self.sample)
@@ -184,8 +184,6 @@ class DeviceFeeder:
         `stream_state` (its `state_dict()` saved after the last trained batch); a stream
         without one is read again from its start, and the batches trained are skipped.
         """
-        import torch_xla.distributed.parallel_loader as pl
-
         set_epoch(self.loader, epoch)
         source: Any = self.loader
         sampler = self.loader.sampler
@@ -204,12 +202,7 @@ class DeviceFeeder:
             source = itertools.islice(self._tracked(0), skip_batches, None)
         elif self.positions is not None:
             source = self._tracked(0)
-        return pl.MpDeviceLoader(
-            source,
-            runtime.device(),
-            batches_per_execution=self.batches_per_execution,
-            input_sharding=self.sharding,
-        )
+        return device_batches(source, self.batches_per_execution, self.sharding)
 
     def _tracked(self, first: int) -> Iterator[Any]:
         """The loader's batches, the stream's state remembered after each (when it has one)."""

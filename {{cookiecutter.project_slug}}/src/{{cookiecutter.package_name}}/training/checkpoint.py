@@ -16,14 +16,8 @@ import torch
 from torch import nn
 
 from ..core import Strategy, health, ops, runtime
-from ..core.checkpointing import (
-    CheckpointError,
-    CheckpointStore,
-    find_checkpoint,
-    join,
-    read,
-    saved_keys,
-)
+from ..core.checkpoint_files import CheckpointError, find_checkpoint, join
+from ..core.checkpointing import CheckpointStore, read, saved_keys
 from ..core.layers import stacked_parameters
 from ..hf.lora import is_lora
 from .state import Progress, restore_rng_states, rng_states
