@@ -1,7 +1,11 @@
-"""Everything torch_xla-specific lives in this package, and only here.
+"""Everything backend-specific lives in this package, and only here: this project's backend
+is {% if cookiecutter.backend == "torch_tpu" %}TorchTPU (`torch_tpu`, native PyTorch on `torch.device("tpu")`){% else %}PyTorch/XLA (`torch_xla`){% endif %}.
 
-Importing it imports neither torch nor torch_xla and never starts the XLA runtime:
-names are loaded from their submodule on first use, so `--help` stays fast.
+Its modules answer one interface whatever the backend (one module per concern: runtime,
+strategies, the compiled step, checkpoint I/O, health, precision, device transfer), so the
+rest of the package is the same for both. Importing it imports neither torch nor the
+backend and starts no device: names are loaded from their submodule on first use, so
+`--help` stays fast.
 """
 
 from __future__ import annotations
