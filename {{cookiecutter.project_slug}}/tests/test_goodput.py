@@ -80,3 +80,38 @@ def test_goodput_of_a_run_without_records_fails_in_one_line(tmp_path: Path) -> N
         f"error: no goodput records in {str(tmp_path / 'checkpoints-records')!r}: "
         "give a run or checkpoint directory"
     ]
+
+
+def test_an_account_of_three_attempts_counts_each_attempts_data_loading_once(
+    tmp_path: Path,
+) -> None:
+    """Preempted at step 4, killed after step 7, completed at 12: each attempt's set-up
+    loading is counted once (the library alone counts the third attempt's twice), and the
+    components add up to the wall time."""
+    checkpoints = str(tmp_path / "checkpoints")
+    loading = (0.05, 0.1, 0.4)  # the last attempt's, long: counted twice, it would show
+
+    def attempt(seconds: float, start: int, last: int, status: str | None) -> None:
+        clock = Timeline(checkpoints, "local", {"max_steps": 12, "max_epochs": 0})
+        time.sleep(seconds)
+        clock.phase("tpu_init")
+        clock.phase("training_prep")
+        clock.loop_started(start, master=True)
+        for step in range(start + 1, last + 1):
+            time.sleep(0.02)
+            clock.step(step)
+        if status is None:  # the VM is gone: what was flushed before its save is all
+            clock.flush()
+            return
+        clock.loop_ended(status)
+        clock.finished(status, last)
+
+    attempt(loading[0], 0, 4, "preempted")
+    attempt(loading[1], 4, 7, None)
+    attempt(loading[2], 4, 12, "completed")
+    result = account.account(store.read_events(store.records_location(checkpoints)))
+    assert (result["attempts"], result["disruptions"]) == (3, 2)
+    badput, wall = result["badput_seconds"], result["wall_seconds"]
+    assert sum(loading) <= badput["data_loading_sync"] < sum(loading) + 0.05
+    assert abs(result["accounted_seconds"] - wall) <= 0.01 * wall
+    assert badput["other"] <= 0.05 * wall
