@@ -64,11 +64,12 @@ if [ "$jobs" -gt 1 ]; then
     if [[ "$test" != /*::* ]]; then continue; fi  # pytest's own lines
     tests_of[${test%%::*}]+="$test "
   done < <("$python" -c "$COLLECT" "$@")
-  if [ "${#tests_of[@]}" -eq 0 ]; then
+  count=$(printf "%s\n" "${!tests_of[@]}" | grep -c . || true)
+  if [ "$count" -eq 0 ]; then
     echo "no test selected by: $*" >&2
     exit 1
   fi
-  echo "$SOAK_JOBS test files at once, of ${#tests_of[@]}"
+  echo "$jobs test files at once, of $count"
 fi
 
 # One round's files at once, SOAK_JOBS at a time, longest first: "FILE SECONDS EXIT" lines.
