@@ -13,6 +13,10 @@ DEMO_DIR := build/demo
 BENCH_DIR := build/bench
 BENCH_ARGS ?=
 PYTEST_ARGS ?=
+# Workers `make test` and `test-fast` run the test files on, each file whole on one worker
+# (its module fixtures, the gcloud tier's sshds, the Docker daemon stay one); 0: serially.
+TEST_JOBS ?= 2
+PARALLEL = -n $(TEST_JOBS) --dist loadfile
 # Where torch comes from; empty: the package index. The CPU build saves ~3 GB of CUDA
 # libraries where https://download.pytorch.org/whl/cpu is reachable (see README).
 TORCH_INDEX_URL ?=
@@ -37,13 +41,13 @@ $(SKY_STAMP): requirements-sky.txt
 venv: $(STAMP) $(SKY_STAMP) ## Create the virtual environments with everything the tests need
 
 test: $(STAMP) $(SKY_STAMP) ## Run every template test (sets itself up on a fresh machine)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m "not pythons" $(PYTEST_ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m "not pythons" $(PARALLEL) $(PYTEST_ARGS)
 
 test-pythons: $(STAMP) ## Bakes for Python 3.10 and 3.12: make install && make test-fast, the user's way
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m pythons $(PYTEST_ARGS)
 
 test-fast: $(STAMP) $(SKY_STAMP) ## The template tests without the Docker and gcloud tiers and the baked suites
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m "not docker and not gcloud and not suite and not pythons" $(PYTEST_ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m "not docker and not gcloud and not suite and not pythons" $(PARALLEL) $(PYTEST_ARGS)
 
 test-docker: $(STAMP) ## Run only the Docker tier (builds and runs the baked project's image)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m docker $(PYTEST_ARGS)

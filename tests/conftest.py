@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from helpers import BIN_DIR, COMBOS, TEMPLATE_DIR, Baked, load_hook, tool_env
+from users_shell import InstalledBake, install_the_users_way
 
 # cookiecutter puts the template's root on sys.path while it renders, so that
 # `_extensions` (local_extensions.py) import; pytest-cookies and the tests that
@@ -49,6 +50,15 @@ def bake_combo(cookies_session: Any) -> Callable[[str], Baked]:
         return cache[combo]
 
     return bake
+
+
+@pytest.fixture(scope="session")
+def torch_tpu_installed(
+    bake_combo: Callable[[str], Baked], tmp_path_factory: pytest.TempPathFactory
+) -> InstalledBake:
+    """The torch_tpu bake after its `make install` the user's way (torch 2.13, no torch-tpu):
+    its suite runs there, and its environment is the gcloud tier's TorchTPU worker image."""
+    return install_the_users_way(bake_combo, "torch-tpu-lm", tmp_path_factory.mktemp("torch-tpu"))
 
 
 @pytest.fixture(scope="session")

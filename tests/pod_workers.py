@@ -8,7 +8,8 @@ ForceCommand: it enters a private mount namespace in which the worker has its ow
 /home, /opt, /var/log, /var/lib, /var/cache and /tmp (its home is /home/worker), so
 workers share no project copy, virtual environment, startup log, marker or libtpu
 lockfile, as separate TPU VMs would.
-TPU_WORKER_ID is set as on a TPU VM: the worker's index within its slice. Needs root
+TPU_WORKER_ID is set as on a TPU VM: the worker's index within its slice; its slice's
+addresses, which a TPU VM's metadata server gives, are TPU_WORKER_HOSTNAMES. Needs root
 (port 22, mount namespaces) and openssh-server, which is installed from Debian's packages
 when missing.
 """
@@ -31,23 +32,26 @@ SSH_PORT = 22  # gcloud connects to port 22 of each worker's address
 # Bound over the machine's own in this order; /tmp last, as the workers' folders are in it.
 PRIVATE_DIRS = ("home", "opt", "var/log", "var/lib", "var/cache", "tmp")
 HOME = "/home/worker"
+SHARED_LIST = "shared-paths"  # the paths of this machine every worker sees in place
 SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server")
 LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 WORKER_SHELL = r"""#!/bin/bash
 # The login shell of one worker (sshd's ForceCommand; also runs its startup script).
-# Arguments: the worker's folder, its index in its slice, the sftp-server to start for SFTP.
+# Arguments: the worker's folder, its index in its slice, the sftp-server to start for SFTP,
+# its slice's worker addresses (comma-separated).
 set -eu
 root="$1" worker="$2" sftp_server="$3"
 command="${SSH_ORIGINAL_COMMAND:-}"
-export HOME="__HOME__" TPU_WORKER_ID="$worker" USER=root LOGNAME=root SHELL=/bin/bash
+export HOME="__HOME__" TPU_WORKER_ID="$worker" TPU_WORKER_HOSTNAMES="$4"
+export USER=root LOGNAME=root SHELL=/bin/bash
 export PATH="__LOGIN_PATH__"
 # pip on a worker uses what the worker has: no index, no configuration of this machine.
 export PIP_CONFIG_FILE=/dev/null PIP_NO_INDEX=1 PIP_NO_BUILD_ISOLATION=0
 # Paths of this machine the worker sees in place although they lie in its own directories
 # (the runtime its image stands for): bound into the worker's folder, which is then bound
-# over the machine's directories with what is mounted in it.
-shared=(__SHARED__)
+# over the machine's directories with what is mounted in it (`Pod.share` adds to them).
+mapfile -t shared < "__SHARED__"
 exec unshare --mount --propagation private -- /bin/bash -c '
     set -eu
     for path in "${@:4}"; do mkdir -p "$1$path"; mount --bind "$path" "$1$path"; done
@@ -74,7 +78,7 @@ PrintMotd no
 MaxStartups 100
 LogLevel VERBOSE
 Subsystem sftp {sftp_server}
-ForceCommand {shell} {folder} {index} {sftp_server}
+ForceCommand {shell} {folder} {index} {sftp_server} {hostnames}
 """
 
 
@@ -140,6 +144,7 @@ class Worker:
     host_key: str  # "ssh-ed25519 AAAA...", as the guest attribute carries it
     slice: int = 0
     worker_id: int = 0  # TPU_WORKER_ID: the index within its slice
+    hostnames: str = ""  # TPU_WORKER_HOSTNAMES: its slice's worker addresses
 
     @property
     def home(self) -> Path:
@@ -176,8 +181,9 @@ class Pod:
         """Run a shell command in worker `worker` as its login shell would."""
         target = self.workers[worker]
         environment = {"SSH_ORIGINAL_COMMAND": command, "PATH": LOGIN_PATH, **(env or {})}
+        shell = [str(self.shell), str(target.folder), str(target.worker_id), self.sftp_server]
         return subprocess.run(
-            [str(self.shell), str(target.folder), str(target.worker_id), self.sftp_server],
+            [*shell, target.hostnames],
             env=environment,
             capture_output=True,
             text=True,
@@ -193,6 +199,12 @@ class Pod:
         (folder / "boot.log").write_text(
             f"[exit {result.returncode}]\n{result.stdout}{result.stderr}", encoding="utf-8"
         )
+
+    def share(self, paths: Sequence[Path]) -> None:
+        """Let every worker see these paths of this machine in place from its next session on,
+        even where they lie in one of its own directories."""
+        with (self.base / SHARED_LIST).open("a", encoding="utf-8") as listed:
+            listed.writelines(f"{path}\n" for path in _hidden(paths))
 
     def stop(self) -> None:
         for sshd in self.sshds:
@@ -249,13 +261,15 @@ def start_pod(base: Path, count: int, shared: Sequence[Path] = (), hosts_per_sli
         WORKER_SHELL.replace("__LOGIN_PATH__", LOGIN_PATH)
         .replace("__PRIVATE_DIRS__", " ".join(PRIVATE_DIRS))
         .replace("__HOME__", HOME)
-        .replace("__SHARED__", " ".join(shlex.quote(str(path)) for path in _hidden(shared))),
+        .replace("__SHARED__", shlex.quote(str(base / SHARED_LIST))),
         encoding="utf-8",
     )
     shell.chmod(0o755)
+    (base / SHARED_LIST).write_text("", encoding="utf-8")
     authorized_keys = base / "authorized_keys"
     authorized_keys.touch()
     pod = Pod(base, [], authorized_keys, shell, sftp_server)
+    pod.share(shared)
     try:
         for index, address in enumerate(addresses):
             folder = base / f"worker-{index}"
@@ -263,7 +277,11 @@ def start_pod(base: Path, count: int, shared: Sequence[Path] = (), hosts_per_sli
                 (folder / private).mkdir(parents=True, exist_ok=True)
             (folder / HOME.lstrip("/")).mkdir()
             slice_index, worker_id = divmod(index, per_slice)
-            worker = Worker(index, address, folder, _host_key(folder), slice_index, worker_id)
+            first = slice_index * per_slice
+            hostnames = ",".join(addresses[first : first + per_slice])
+            worker = Worker(
+                index, address, folder, _host_key(folder), slice_index, worker_id, hostnames
+            )
             config = folder / "sshd_config"
             config.write_text(
                 SSHD_CONFIG.format(
@@ -275,6 +293,7 @@ def start_pod(base: Path, count: int, shared: Sequence[Path] = (), hosts_per_sli
                     sftp_server=sftp_server,
                     shell=shell,
                     index=worker_id,
+                    hostnames=hostnames,
                 ),
                 encoding="utf-8",
             )

@@ -46,6 +46,7 @@ import yaml
 
 from pod_workers import Pod, WorkersUnavailable, start_pod
 from tpu_api_standin import Request, StandIn
+from users_shell import InstalledBake
 
 pytestmark = pytest.mark.gcloud
 
@@ -228,56 +229,64 @@ def image(pod: Pod) -> None:
         recorder.chmod(0o755)
 
 
+MakeIn = Callable[[Path, Path], Callable[..., "Ran"]]
+
+
 @pytest.fixture(scope="module")
-def make(
-    project: Path,
-    standin: StandIn,
-    image: None,
-    transcript: Transcript,
-    tier_dir: Path,
-) -> Callable[..., Ran]:
-    """`make TARGET VAR=...` in the baked project, as a user with gcloud would run it."""
+def make_in(standin: StandIn, image: None, transcript: Transcript, tier_dir: Path) -> MakeIn:
+    """`make TARGET VAR=...` in a baked project with a virtual environment's tools, as a user
+    with gcloud would run it."""
     client = tier_dir / "client-home"  # gcloud's config and ssh key live here
     (client / "gcloud").mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLOUDSDK_", "SSH_"))}
-    env.update(standin.gcloud_environment(client / "gcloud", GCP_PROJECT))
-    env.update(
-        HOME=str(client),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        PYTHONPATH=str(project / "src"),
-        PYTHONUNBUFFERED="1",
-    )
-    env.pop("PYTEST_ADDOPTS", None)
 
-    def run(*args: str) -> Ran:
-        first = len(standin.requests)
-        command = ["make", "--no-print-directory", f"VENV={sys.prefix}", *args]
-        started = time.monotonic()
-        result = subprocess.run(
-            command,
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=MAKE_TIMEOUT,
-            check=False,
+    def make_in(project: Path, venv: Path) -> Callable[..., Ran]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CLOUDSDK_", "SSH_"))}
+        env.update(standin.gcloud_environment(client / "gcloud", GCP_PROJECT))
+        env.update(
+            HOME=str(client),
+            PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+            PYTHONPATH=str(project / "src"),
+            PYTHONUNBUFFERED="1",
         )
-        ran = Ran(
-            shlex.join(["make", *args]),
-            result.returncode,
-            result.stdout,
-            result.stderr,
-            standin.requests[first:],
-        )
-        transcript.write(
-            f"## $ {ran.command}\n\n[exit {ran.returncode} after "
-            f"{time.monotonic() - started:.1f} s]\n\nREST calls:\n"
-            + "".join(call_line(call) + "\n" for call in ran.calls)
-            + f"\nstdout:\n{ran.stdout}\nstderr:\n{ran.stderr}\n"
-        )
-        return ran
+        env.pop("PYTEST_ADDOPTS", None)
 
-    return run
+        def run(*args: str) -> Ran:
+            first = len(standin.requests)
+            command = ["make", "--no-print-directory", f"VENV={venv}", *args]
+            started = time.monotonic()
+            result = subprocess.run(
+                command,
+                cwd=project,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=MAKE_TIMEOUT,
+                check=False,
+            )
+            ran = Ran(
+                shlex.join(["make", *args]),
+                result.returncode,
+                result.stdout,
+                result.stderr,
+                standin.requests[first:],
+            )
+            transcript.write(
+                f"## $ {ran.command}  ({project.name}, {venv})\n\n[exit {ran.returncode} "
+                f"after {time.monotonic() - started:.1f} s]\n\nREST calls:\n"
+                + "".join(call_line(call) + "\n" for call in ran.calls)
+                + f"\nstdout:\n{ran.stdout}\nstderr:\n{ran.stderr}\n"
+            )
+            return ran
+
+        return run
+
+    return make_in
+
+
+@pytest.fixture(scope="module")
+def make(project: Path, make_in: MakeIn) -> Callable[..., Ran]:
+    """`make` in the default bake, with this test run's environment."""
+    return make_in(project, Path(sys.prefix))
 
 
 def poll_status(make: Callable[..., Ran], standin: StandIn, *args: str) -> Ran:
@@ -576,3 +585,97 @@ def test_multislice_pod_kill_and_tpu_delete_reach_every_slice(
     assert delete.path == f"{LOCATION}/queuedResources/{SLUG}"
     assert delete.query["force"] == ["True"]
     assert standin.nodes == {} and standin.queued_resources == {}
+
+
+# ---- the torch_tpu bake: one job over the slice's two hosts ----------------------------------
+TORCH_TPU_STEPS = 20
+TORCH_TPU_TOLERANCE = 2e-3  # what its own suite allows a layout against one process
+TORCH_TPU_RUN = "runs/torch-tpu"
+
+
+@pytest.fixture(scope="module")
+def torch_tpu_project(tier_dir: Path, run_cookiecutter: Callable[..., Any]) -> Path:
+    """The torch_tpu bake for v5p-16, with the rehearsal's config."""
+    out = tier_dir / "torch-tpu-bake"
+    out.mkdir()
+    context = {"accelerator_type": ACCELERATOR_TYPE, "backend": "torch_tpu"}
+    baked = run_cookiecutter(out, context=context)
+    assert baked.returncode == 0, baked.stderr
+    path = out / SLUG
+    config = {**TINY, "batch_size": 4}  # a process's: 8 over the job's two
+    (path / "configs" / "rehearsal.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def test_torch_tpu_train_pod_is_one_job_over_two_hosts_with_one_process_losses(
+    make_in: MakeIn,
+    torch_tpu_project: Path,
+    torch_tpu_installed: InstalledBake,
+    pod: Pod,
+    standin: StandIn,
+    tmp_path: Path,
+) -> None:
+    """The torch_tpu bake's tpu-create, pod-sync and train-pod through gcloud ssh: each
+    worker's launcher finds the slice's hosts and its own place (TPU_WORKER_HOSTNAMES and
+    TPU_WORKER_ID, which a TPU VM's metadata gives), the two meet in one torchrun job over
+    gloo (ddp, a process a host), and its losses are one process's with the same global batch."""
+    venv = torch_tpu_installed.project / ".venv"
+    runtime = Path(
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-c",
+             "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    )  # fmt: skip
+    # The workers' image: TorchTPU's torch in the runtime's place (torch-tpu itself cannot be
+    # installed without a TPU: the startup script's attempt fails, and training runs on CPU).
+    pod.share([runtime])
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    pth = f"{VENV}/lib/{version}/site-packages/runtime-from-image.pth"
+    for each in pod.workers[:WORKERS]:
+        each.path(pth).write_text(f"{runtime}\n", encoding="utf-8")
+    make = make_in(torch_tpu_project, venv)
+    try:
+        succeeded(make("tpu-create"))
+        standin.wait_for_boots()
+        succeeded(make("pod-sync"))
+        ran = make(
+            "train-pod",
+            "POD_TRAIN=--accelerator cpu --devices 1",
+            f"ARGS=--config configs/rehearsal.yaml --max-steps {TORCH_TPU_STEPS} --log-every 1 "
+            f"--eval-every 0 --run-dir {TORCH_TPU_RUN}",  # not the default bake's run there
+        )
+        succeeded(ran)
+    finally:
+        make("pod-kill")
+        make("tpu-delete")
+        for each in pod.workers[:WORKERS]:
+            each.path(pth).write_text(f"{sysconfig.get_paths()['purelib']}\n", encoding="utf-8")
+    summaries = [w.home / SLUG / TORCH_TPU_RUN / "summary.json" for w in pod.workers[:WORKERS]]
+    assert not summaries[1].exists()  # the job's first process writes it
+    job = json.loads(summaries[0].read_text(encoding="utf-8"))
+    assert (job["strategy"], job["devices"], job["global_batch"]) == ("ddp", 2, 8)
+    assert any(line.startswith(f"step {TORCH_TPU_STEPS} train loss=") for line in ran.lines(0))
+    # Both hosts end with the job's evaluation, the same numbers: one job, not two runs.
+    evaluations = [[json.loads(line) for line in ran.lines(w) if line.startswith('{"loss"')]
+                   for w in range(WORKERS)]  # fmt: skip
+    assert evaluations[0] and evaluations[0] == evaluations[1], evaluations
+
+    # One process with the job's global batch, on this machine.
+    reference = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", PACKAGE, "train", "--config",
+         "configs/rehearsal.yaml", "--set", "batch_size=8", "--accelerator", "cpu",
+         "--devices", "1",
+         "--max-steps", str(TORCH_TPU_STEPS), "--log-every", "1", "--eval-every", "0",
+         "--run-dir", str(tmp_path / "one-process")],
+        cwd=torch_tpu_project,
+        env={**torch_tpu_installed.env, "PYTHONPATH": str(torch_tpu_project / "src")},
+        capture_output=True, text=True, timeout=MAKE_TIMEOUT, check=False,
+    )  # fmt: skip
+    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
+    alone = json.loads((tmp_path / "one-process" / "summary.json").read_text(encoding="utf-8"))
+    assert (alone["devices"], alone["global_batch"]) == (1, 8)
+    expected = alone["train_losses"]
+    assert [step for step, _ in expected] == list(range(1, TORCH_TPU_STEPS + 1))
+    for (step, loss), (_, one) in zip(job["train_losses"], expected, strict=True):
+        assert loss == pytest.approx(one, rel=TORCH_TPU_TOLERANCE), step

@@ -4,11 +4,8 @@ where no environment is activated and nothing of the template's environment is o
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,8 +13,8 @@ import pytest
 
 from docker_engine import host_index_url
 from helpers import Baked, pytest_summary
+from users_shell import InstalledBake, run, users_shell, with_python
 
-TEMPLATE_BIN = Path(sys.prefix).resolve() / "bin"
 # Per Python version: the combination baked for it, the tests its run selects, and whether
 # torch comes through TORCH_INDEX_URL (here the host's own index: PyTorch's CPU index is out
 # of this machine's reach). The default bake runs its whole suite; the others the quick tier.
@@ -30,59 +27,6 @@ USERS_WAY = {
 OTHER_PYTHONS = pytest.mark.pythons
 # What the tests of a bake call by name: on PATH only through the bake's own environment.
 TOOLS = ("hadolint", "shellcheck", "ruff", "pre-commit")
-
-
-def users_shell() -> dict[str, str]:
-    """This machine's environment as a fresh shell has it: no venv active, none on PATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PJRT_"))}
-    # Nor a make above it (the template's `make test`): its variables make the bake's
-    # make print directories after pytest's summary.
-    for name in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CPU_NUM_DEVICES",
-                 "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):  # fmt: skip
-        env.pop(name, None)
-    env["PATH"] = os.pathsep.join(
-        entry
-        for entry in env.get("PATH", "/usr/bin:/bin").split(os.pathsep)
-        if entry and not Path(entry).resolve().is_relative_to(Path(sys.prefix).resolve())
-    )
-    return env
-
-
-def with_python(python: str, env: dict[str, str]) -> dict[str, str] | None:
-    """`env` in which `python3.X` runs: as it is, or with pyenv's version of it selected
-    (`pyenv shell 3.X.Y`: its shims exist for every installed version but run only the
-    selected ones); None where the machine has no such Python."""
-    command = f"python{python}"
-
-    def runs(candidate: dict[str, str]) -> bool:
-        if shutil.which(command, path=candidate["PATH"]) is None:
-            return False
-        done = subprocess.run([command, "--version"], env=candidate, capture_output=True)
-        return done.returncode == 0
-
-    if runs(env):
-        return env
-    if shutil.which("pyenv", path=env["PATH"]) is None:
-        return None
-    listed = subprocess.run(
-        ["pyenv", "versions", "--bare"], env=env, capture_output=True, text=True, check=False
-    ).stdout.split()
-    found = [v for v in listed if re.fullmatch(rf"{re.escape(python)}\.\d+", v)]
-    if not found:
-        return None
-    selected = {**env, "PYENV_VERSION": found[-1]}
-    return selected if runs(selected) else None
-
-
-def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> str:
-    """Run a command; its standard output, or a failure with its last output lines."""
-    done = subprocess.run(
-        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if done.returncode != 0:
-        output = done.stdout + done.stderr
-        pytest.fail(f"{' '.join(command)} exited {done.returncode}:\n{output[-6000:]}")
-    return done.stdout
 
 
 @pytest.mark.suite
@@ -122,20 +66,13 @@ def test_bake_installs_and_passes_its_suite_from_a_plain_shell(
 
 @pytest.mark.suite
 def test_torch_tpu_bake_installs_and_passes_its_suite_from_a_plain_shell(
-    bake_combo: Callable[[str], Baked], tmp_path: Path
+    torch_tpu_installed: InstalledBake,
 ) -> None:
     """It passes the torch_tpu bake's `make install && make test` (torch 2.13, no torch-tpu:
     its tests run every layout as CPU processes over gloo), its own venv, not activated."""
-    env = with_python("3.11", users_shell())
-    if env is None:
-        pytest.skip("python3.11 is not on this machine")
-    baked = bake_combo("torch-tpu-lm")
-    assert baked.exit_code == 0, baked.exception
-    project = tmp_path / baked.path.name
-    shutil.copytree(baked.path, project)
-    run(["make", "install"], project, env, timeout=1800)
-    venv = project / ".venv"
-    listed = run([str(venv / "bin" / "python"), "-m", "pip", "list"], project, env, timeout=120)
+    project, env = torch_tpu_installed.project, torch_tpu_installed.env
+    python = str(torch_tpu_installed.python)
+    listed = run([python, "-m", "pip", "list"], project, env, timeout=120)
     assert re.search(r"^torch\s+2\.13\.0", listed, re.M), listed
     assert not re.search(r"^torch[-_](xla|tpu)\s", listed, re.M | re.I), listed
     output = run(["make", "test", "PYTEST_ARGS=-q -p no:cacheprovider"], project, env, 2400)

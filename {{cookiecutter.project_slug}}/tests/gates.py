@@ -128,19 +128,42 @@ def _pending(pid: int, sig: signal.Signals) -> bool:
     return False
 
 
-def signal_taken(process: subprocess.Popen[str], sig: signal.Signals) -> None:
-    """Send `sig` and return once a thread of `process` has taken it off the pending set.
+def signal_taken(process: subprocess.Popen[str] | int, sig: signal.Signals) -> None:
+    """Send `sig` to `process` (or the process with this pid) and `wait_taken`."""
+    if isinstance(process, int):
+        os.kill(process, sig)
+    else:
+        process.send_signal(sig)
+    wait_taken(process, sig)
+
+
+def wait_taken(process: subprocess.Popen[str] | int, sig: signal.Signals) -> None:
+    """Return once `sig`, sent, is off the pending set of every thread of `process`.
 
     Python's C-level handler runs as that thread returns to user space, and the main thread
     runs the Python handler at its next bytecode boundary (a blocking read is interrupted
     for it, then resumed): so the handler has run before the process gets past anything
     the test releases afterwards.
     """
-    process.send_signal(sig)
+    if isinstance(process, int):
+        pid, running = process, lambda: Path(f"/proc/{process}").exists()
+    else:
+        pid, running = process.pid, lambda: process.poll() is None
     if not Path("/proc/self/status").exists():
         return  # no /proc: delivery is immediate on an idle machine, the best left here
     deadline = time.monotonic() + PATIENCE
-    while _pending(process.pid, sig) and process.poll() is None:
+    while _pending(pid, sig) and running():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{sig.name} was never taken by process {process.pid}")
+            raise AssertionError(f"{sig.name} was never taken by process {pid}")
         time.sleep(POLL)
+
+
+def children(pid: int) -> list[int]:
+    """The processes `pid` started that are still running (Linux /proc)."""
+    found: list[int] = []
+    for listed in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(child) for child in listed.read_text().split()]
+        except OSError:  # the thread is gone
+            continue
+    return found

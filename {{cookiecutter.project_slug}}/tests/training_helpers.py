@@ -15,7 +15,7 @@ import yaml
 
 from {{ cookiecutter.package_name }}.cli_common import EXIT_PREEMPTED
 
-from gates import Gate, signal_taken, wait_for_line
+from gates import Gate, children, signal_taken, wait_for_line, wait_taken
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -99,8 +99,13 @@ def popen(*args: str, src: Path = SRC) -> subprocess.Popen[str]:
     )
 
 
-def preempt(args: tuple[str, ...], run_dir: Path, gate: Gate, src: Path) -> Any:
+def preempt(
+    args: tuple[str, ...], run_dir: Path, gate: Gate, src: Path, every_process: bool = False
+) -> Any:
     """SIGTERM a run held at `gate` (the data of step `gate.steps + 1`); its summary, stopped.
+    A run of several processes sends it on to them and says so; with `every_process` they
+    get their own SIGTERM too, as they do when a VM goes down. Either way each has taken it
+    before the gate opens.
 
     The run cannot train step `gate.steps + 1` before the gate is released, and the gate is
     released only once the signal was taken after the run logged step `gate.steps`: the run
@@ -118,6 +123,11 @@ def preempt(args: tuple[str, ...], run_dir: Path, gate: Gate, src: Path) -> Any:
         gate.wait_reached(process, log)
         wait_for_line(process, log, f"step {gate.steps} train")  # it cannot get further
         signal_taken(process, signal.SIGTERM)
+        workers = children(process.pid)
+        if workers and not every_process:
+            wait_for_line(process, log, "SIGTERM: sent on to")  # pending in each, or taken
+        for pid in workers:
+            (signal_taken if every_process else wait_taken)(pid, signal.SIGTERM)
         gate.release()
         process.wait(timeout=600)
     finally:
@@ -132,9 +142,11 @@ def preempt(args: tuple[str, ...], run_dir: Path, gate: Gate, src: Path) -> Any:
     return stopped
 
 
-def preempt_then_resume(args: tuple[str, ...], run_dir: Path, gate: Gate, src: Path) -> Any:
+def preempt_then_resume(
+    args: tuple[str, ...], run_dir: Path, gate: Gate, src: Path, every_process: bool = False
+) -> Any:
     """`preempt` the run, then resume it with `--resume auto`; the resumed run's summary."""
-    stopped = preempt(args, run_dir, gate, src)
+    stopped = preempt(args, run_dir, gate, src, every_process)
     resumed = cli(*args, "--resume", "auto", src=src)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming at step {stopped['steps']}" in resumed.stdout

@@ -67,3 +67,12 @@ def run_python(
 def python_subprocess() -> RunPython:
     """Runs code in a fresh interpreter (see `run_python`)."""
     return run_python
+
+
+@pytest.fixture(scope="session")
+def gated_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the package with the task `gated` (tests/gated_task.py), for runs that a
+    test stops at a gate of its own (tests/gates.py)."""
+    from training_helpers import gated_source
+
+    return gated_source(tmp_path_factory.mktemp("gated"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -11,18 +13,63 @@ from . import runtime
 
 # Why a batch must hold tensors alone (check_batch's refusal).
 ONLY_TENSORS = "the device takes only tensors"
+AHEAD = 4  # host batches read while the steps before them run (MpDeviceLoader's way)
 
 
 def device_batches(source: Iterable[Any], batches_per_execution: int, sharding: Any) -> Any:
-    """Each batch of `source` moved to this process's device (`non_blocking`: the copy
-    overlaps the step before it). One process per device holds its batch whole (no
-    `sharding`), and eager PyTorch has no lazy graph to cut (`batches_per_execution`)."""
-    return _on_device(source, runtime.device())
+    """Each batch of `source`, read ahead on a thread of its own (the host's reads overlap
+    the steps), moved to this process's device (`non_blocking`: the copy overlaps the step
+    before it). One process per device holds its batch whole (no `sharding`), and eager
+    PyTorch has no lazy graph to cut (`batches_per_execution`)."""
+    device = runtime.device()
+    return (_moved(batch, device) for batch in _read_ahead(source, AHEAD))
 
 
-def _on_device(batches: Iterable[Any], device: Any) -> Iterator[Any]:
-    for batch in batches:
-        yield _moved(batch, device)
+class _Raised:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()
+
+
+def _read_ahead(batches: Iterable[Any], depth: int) -> Iterator[Any]:
+    """`batches`, read by a thread up to `depth` ahead of the caller; the reader's error is
+    raised here, and the thread stops when the caller stops early."""
+    ahead: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for batch in batches:
+                if not put(batch):
+                    return
+        except BaseException as error:  # raised again where the batch is taken
+            put(_Raised(error))
+            return
+        put(_END)
+
+    reader = threading.Thread(target=read, name="batches ahead", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item = ahead.get()
+            if item is _END:
+                return
+            if isinstance(item, _Raised):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
 
 
 def _moved(batch: Any, device: Any) -> Any:

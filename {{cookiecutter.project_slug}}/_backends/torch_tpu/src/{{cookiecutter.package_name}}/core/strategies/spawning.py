@@ -3,11 +3,20 @@ errors every process meets alike raised once in the launching process."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from .. import runtime
+
+# torchrun's launcher stops its processes at once on these; SIGTERM they handle themselves.
+HANDLED_BY_THE_LAUNCHER = "SIGINT,SIGHUP,SIGQUIT"
 
 
 def spawn(strategy: Any, fn: Callable[..., Any], args: tuple[Any, ...], start_method: str) -> Any:
@@ -48,11 +57,13 @@ def spawn(strategy: Any, fn: Callable[..., Any], args: tuple[Any, ...], start_me
         nproc_per_node=strategy.cpu_devices(),
         max_restarts=0,
         monitor_interval=0.1,
+        signals_to_handle=HANDLED_BY_THE_LAUNCHER,  # not SIGTERM: `_sigterm_forwarded`
         start_method="fork" if start_method == "fork" else "spawn",
         **rendezvous,
     )
     try:
-        results = elastic_launch(config, _process_entry)(strategy, fn, args)
+        with _sigterm_forwarded():
+            results = elastic_launch(config, _process_entry)(strategy, fn, args)
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
         raw = failure.message
@@ -63,6 +74,34 @@ def spawn(strategy: Any, fn: Callable[..., Any], args: tuple[Any, ...], start_me
         if isinstance(results[rank], _Failed):
             raise results[rank].error
     return results[min(results)]  # this host's first process (the job's on host 0)
+
+
+@contextlib.contextmanager
+def _sigterm_forwarded() -> Iterator[None]:
+    """SIGTERM (a preemption notice, a `kill`) goes on to the processes, which agree on a
+    step, save it and return; torchrun's launcher would stop them at once instead. Its
+    handling of SIGINT, SIGHUP and SIGQUIT stays."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _forward(signum: int, _frame: object) -> None:
+    """Send the signal on to every process this one started (Linux /proc), and say so."""
+    sent = 0
+    for listed in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            for child in listed.read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(child), signum)
+                    sent += 1
+    print(f"SIGTERM: sent on to {sent} processes; they save and stop at the step they agree on",
+          file=sys.stderr, flush=True)  # fmt: skip
 
 
 class _Failed:
