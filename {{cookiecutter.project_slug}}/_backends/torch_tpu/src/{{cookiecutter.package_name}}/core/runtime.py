@@ -162,6 +162,19 @@ def init_process_group() -> None:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
+def leave_process_group() -> None:
+    """Leave the job's process group once every process is done with it: none tears its
+    connections down while another still uses them (a process exiting under another's
+    collective, or its store, can abort it)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def world_size() -> int:
     """Processes taking part in collectives (one per device)."""
     import torch.distributed as dist

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -14,6 +15,8 @@ from . import runtime
 # Why a batch must hold tensors alone (check_batch's refusal).
 ONLY_TENSORS = "the device takes only tensors"
 AHEAD = 4  # host batches read while the steps before them run (MpDeviceLoader's way)
+# How long a stopped reader may take to finish the batch it is reading.
+READ_PATIENCE = 60.0
 
 
 def device_batches(source: Iterable[Any], batches_per_execution: int, sharding: Any) -> Any:
@@ -60,6 +63,7 @@ def _read_ahead(batches: Iterable[Any], depth: int) -> Iterator[Any]:
 
     reader = threading.Thread(target=read, name="batches ahead", daemon=True)
     reader.start()
+    _readers.add((stop, reader))
     try:
         while True:
             item = ahead.get()
@@ -69,7 +73,24 @@ def _read_ahead(batches: Iterable[Any], depth: int) -> Iterator[Any]:
                 raise item.error
             yield item
     finally:
-        stop.set()
+        _stopped(stop, reader)
+
+
+# Readers not stopped yet: stopped before the interpreter ends. A daemon thread still inside
+# torch when Python finalizes is cut off in C++ code, which aborts the process.
+_readers: set[tuple[threading.Event, threading.Thread]] = set()
+
+
+def _stopped(stop: threading.Event, reader: threading.Thread) -> None:
+    stop.set()
+    reader.join(READ_PATIENCE)
+    _readers.discard((stop, reader))
+
+
+@atexit.register
+def _stop_every_reader() -> None:
+    for stop, reader in list(_readers):
+        _stopped(stop, reader)
 
 
 def _moved(batch: Any, device: Any) -> Any:

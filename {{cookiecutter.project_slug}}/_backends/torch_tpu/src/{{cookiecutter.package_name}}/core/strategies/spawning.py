@@ -114,6 +114,8 @@ class _Failed:
 def _process_entry(strategy: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     try:
         strategy.start()
-        return fn(*args)
+        result = fn(*args)
     except ValueError as error:  # every process meets it alike: no one waits for the others
-        return _Failed(error)
+        result = _Failed(error)
+    runtime.leave_process_group()
+    return result
