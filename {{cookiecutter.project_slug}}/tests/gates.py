@@ -159,11 +159,19 @@ def wait_taken(process: subprocess.Popen[str] | int, sig: signal.Signals) -> Non
 
 
 def children(pid: int) -> list[int]:
-    """The processes `pid` started that are still running (Linux /proc)."""
+    """The processes `pid` started that still run its program (Linux /proc): a launcher's
+    workers, not the helpers a library starts (W&B's wandb-core)."""
     found: list[int] = []
     for listed in Path(f"/proc/{pid}/task").glob("*/children"):
         try:
             found += [int(child) for child in listed.read_text().split()]
         except OSError:  # the thread is gone
             continue
-    return found
+    return [child for child in found if _program(child) == _program(pid)]
+
+
+def _program(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:  # gone
+        return None

@@ -16,7 +16,7 @@ import pytest
 from {{ cookiecutter.package_name }}.core.checkpoint_files import completed_steps
 
 from gates import PATIENCE, Gate
-from training_helpers import cli, popen, preempt, write_config
+from training_helpers import cli, popen, preempt, threads_left, write_config
 
 pytestmark = pytest.mark.slow  # several end-to-end runs: `make test-fast` skips them
 
@@ -144,6 +144,7 @@ def test_unwritable_destination_stops_with_one_line_and_keeps_the_last_checkpoin
     assert process.returncode == 4, output[-3000:]
     assert len(errors) == 1 and "cannot write" in errors[0], output[-3000:]
     assert "Traceback" not in output
+    assert threads_left(output) == set()  # the batches' threads too: stopped, not cut off
     kept = completed_steps(str(folder))
     assert kept
     evaluated = cli("eval", "--checkpoint", str(folder / str(kept[-1])), src=gated_src)

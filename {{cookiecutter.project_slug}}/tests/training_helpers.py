@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import yaml
 from {{ cookiecutter.package_name }}.cli_common import EXIT_PREEMPTED
 
 from gates import Gate, children, signal_taken, wait_for_line, wait_taken
+from threads_at_exit import LEFT as THREADS_LEFT
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -70,12 +72,28 @@ def write_config(folder: Path, gate: Gate | None = None, **overrides: Any) -> Pa
 
 
 def gated_source(folder: Path) -> Path:
-    """A copy of this project's `src` with the task `gated` added (tests/gated_task.py)."""
+    """A copy of this project's `src` with the task `gated` added (tests/gated_task.py); its
+    processes name the threads they leave running at exit (tests/threads_at_exit.py)."""
     copy = folder / "src"
     shutil.copytree(SRC, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    task = Path(__file__).with_name("gated_task.py")
-    shutil.copy(task, copy / "{{ cookiecutter.package_name }}" / "tasks" / "gated.py")
+    here = Path(__file__).parent
+    shutil.copy(here / "gated_task.py", copy / "{{ cookiecutter.package_name }}" / "tasks" / "gated.py")
+    shutil.copy(here / "threads_at_exit.py", copy / "sitecustomize.py")
     return copy
+
+
+def threads_left(output: str) -> set[str]:
+    """The threads of torch, torch_xla or this project that the processes of a gated source
+    left running at exit (tests/threads_at_exit.py), from their output; a run none of whose
+    processes got there (killed, aborted) fails the test."""
+    said = [line for line in output.splitlines() if line.startswith(THREADS_LEFT)]
+    assert said, f"the process ended before its last exit handler:\n{output[-3000:]}"
+    left = {item for line in said for item in line.removeprefix(THREADS_LEFT).split(";")}
+    return {item.strip() for item in left if TENSOR_CODE.search(item)}
+
+
+# The modules whose threads run tensor code (C++ below Python).
+TENSOR_CODE = re.compile(r"\[(torch|torch_xla|torch_tpu|{{ cookiecutter.package_name }})[.\]]")
 
 
 def cli_env(src: Path = SRC) -> dict[str, str]:
@@ -136,6 +154,7 @@ def preempt(
     output = log.read_text()
     assert process.returncode == EXIT_PREEMPTED, output[-4000:]
     assert "stopped by SIGTERM" in output, output[-4000:]
+    assert threads_left(output) == set(), output[-4000:]
     stopped = json.loads((run_dir / "summary.json").read_text())
     assert stopped["status"] == "preempted", stopped["status"]
     assert gate.steps <= stopped["steps"] <= gate.steps + 1, (stopped["steps"], gate.steps)

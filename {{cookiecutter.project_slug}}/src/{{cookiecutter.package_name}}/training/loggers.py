@@ -10,6 +10,7 @@ continues the same W&B run instead of starting one per attempt.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import sys
@@ -79,6 +80,9 @@ class TensorBoard:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+        # A run that fails keeps its curves up to the failure: the events still queued are
+        # written, and the writer's thread ends, before the interpreter does.
+        atexit.register(self.writer.close)
 
     def scalars(self, step: int, values: dict[str, float], prefix: str) -> None:
         for key, value in values.items():
