@@ -9,36 +9,45 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "interrupt-soak.sh"
 
 
-def soak(tmp_path: Path, rounds: int, body: str) -> subprocess.CompletedProcess[str]:
+def run_soak(args: list[str], **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """The script's run in a process group of its own, and what is left of that group after
+    it (its load included): nothing of another test's `stress` counts."""
+    command = ["bash", str(SCRIPT), *args, "-p", "no:cacheprovider"]
+    environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **env}
+    with subprocess.Popen(
+        command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as script:  # fmt: skip
+        stdout, stderr = script.communicate(timeout=300)
+    left = subprocess.run(["pgrep", "-g", str(script.pid)], capture_output=True, text=True)
+    done = subprocess.CompletedProcess(command, script.returncode, stdout, stderr)
+    return done, left.stdout.split()
+
+
+def soak(
+    tmp_path: Path, rounds: int, body: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     test = tmp_path / "test_round.py"
     test.write_text(f"def test_round() -> None:\n    {body}\n")
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run(
-        ["bash", str(SCRIPT), str(rounds), str(test), "-p", "no:cacheprovider"],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-
-
-def stress_workers() -> int:
-    found = subprocess.run(["pgrep", "-x", "stress"], capture_output=True, text=True)
-    return len(found.stdout.split())
+    return run_soak([str(rounds), str(test)])
 
 
 def test_soak_runs_every_round_and_stops_its_load(tmp_path: Path) -> None:
     """It runs the given tests ROUNDS times, says each round's time, and leaves no load."""
-    before = stress_workers()
-    result = soak(tmp_path, 3, "assert True")
+    result, left = soak(tmp_path, 3, "assert True")
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "stress --cpu" in result.stdout  # the load it stops
     rounds = [line for line in result.stdout.splitlines() if line.startswith("round ")]
     assert [line.split(":")[0] for line in rounds] == [f"round {n} of 3" for n in (1, 2, 3)]
     assert all("1 passed" in line and line.endswith(" s") for line in rounds), rounds
     assert result.stdout.splitlines()[-1].startswith("3 rounds passed in ")
-    assert stress_workers() == before
+    assert left == []
 
 
 def test_soak_stops_at_the_first_failing_round(tmp_path: Path) -> None:
     """It stops at the first failure, shows its output and exits non-zero."""
-    result = soak(tmp_path, 5, "assert 1 == 2, 'the round failed'")
+    result, left = soak(tmp_path, 5, "assert 1 == 2, 'the round failed'")
+    assert left == []
     assert result.returncode == 1
     assert "the round failed" in result.stdout
     assert "round 1 of 5 FAILED after" in result.stdout
@@ -48,9 +57,9 @@ def test_soak_stops_at_the_first_failing_round(tmp_path: Path) -> None:
 def test_soak_runs_a_rounds_files_side_by_side_with_soak_jobs(tmp_path: Path) -> None:
     """With SOAK_JOBS=2 each round runs every selected file in its own pytest, two at once
     (one file's test waits for the other's to start), says each file's time, and stops at
-    the first round with a failure, after showing it."""
-    started = tmp_path / "started"
-    waits = (
+    the first round with a failure (here the second), after showing it."""
+    started, rounds_run = tmp_path / "started", tmp_path / "rounds-run"
+    (tmp_path / "test_first.py").write_text(
         "import time, pathlib\n"
         f"mark = pathlib.Path({str(started)!r})\n"
         "def test_waits_for_the_other() -> None:\n"
@@ -60,27 +69,22 @@ def test_soak_runs_a_rounds_files_side_by_side_with_soak_jobs(tmp_path: Path) ->
         "        time.sleep(0.05)\n"
         "    mark.unlink()\n"
     )
-    (tmp_path / "test_first.py").write_text(waits)
     (tmp_path / "test_second.py").write_text(
-        f"import pathlib\ndef test_starts() -> None:\n    pathlib.Path({str(started)!r}).touch()\n"
-        "def test_also() -> None:\n    pass\n"
+        "import pathlib\n"
+        f"mark, rounds = pathlib.Path({str(started)!r}), pathlib.Path({str(rounds_run)!r})\n"
+        "def test_starts() -> None:\n"
+        "    mark.touch()\n"
+        "def test_fails_in_the_second_round() -> None:\n"
+        "    with rounds.open('a') as out:\n"
+        "        out.write('x')\n"
+        "    assert len(rounds.read_text()) < 2, 'the second round fails'\n"
     )
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "SOAK_JOBS": "2"}
     files = [str(tmp_path / "test_first.py"), str(tmp_path / "test_second.py")]
-    result = subprocess.run(
-        ["bash", str(SCRIPT), "2", *files, "-p", "no:cacheprovider"],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    result, left = run_soak(["3", *files], SOAK_JOBS="2")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert left == []
     rounds = [line for line in result.stdout.splitlines() if line.startswith("round ")]
-    assert len(rounds) == 2 and all(": 3 passed in " in line for line in rounds), rounds
-    assert all("test_first.py " in line and "test_second.py " in line for line in rounds)
-
-    (tmp_path / "test_second.py").write_text("def test_fails() -> None:\n    assert 1 == 2, 'no'\n")
-    failed = subprocess.run(
-        ["bash", str(SCRIPT), "3", *files, "-p", "no:cacheprovider"],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert failed.returncode == 1
-    assert "assert 1 == 2" in failed.stdout and "round 1 of 3 FAILED after" in failed.stdout
-    assert "round 2 of 3" not in failed.stdout
+    assert rounds[0].startswith("round 1 of 3: 3 passed in "), rounds
+    assert "test_first.py " in rounds[0] and "test_second.py " in rounds[0], rounds
+    assert rounds[1].startswith("round 2 of 3 FAILED after "), rounds
+    assert "the second round fails" in result.stdout and len(rounds) == 2
