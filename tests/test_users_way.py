@@ -13,7 +13,7 @@ import pytest
 
 from docker_engine import host_index_url
 from helpers import Baked, pytest_summary
-from users_shell import InstalledBake, run, users_shell, with_python
+from users_shell import InstalledBake, install_the_users_way, run, users_shell, with_python
 
 # Per Python version: the combination baked for it, the tests its run selects, and whether
 # torch comes through TORCH_INDEX_URL (here the host's own index: PyTorch's CPU index is out
@@ -79,3 +79,25 @@ def test_torch_tpu_bake_installs_and_passes_its_suite_from_a_plain_shell(
     counts = pytest_summary(output)
     assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
     assert not counts.get("deselected") and not counts.get("error"), output[-3000:]
+
+
+@pytest.mark.suite
+def test_torch_tpu_hf_bake_installs_and_passes_its_suite_from_a_plain_shell(
+    bake_combo: Callable[[str], Baked], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """It passes the torch_tpu bake of the hf-causal-lm example the same way: a tiny Llama in
+    every layout, and LoRA in bf16-mixed on one process and under FSDP2."""
+    installed = install_the_users_way(
+        bake_combo, "torch-tpu-hf-causal-lm-fsdp", tmp_path_factory.mktemp("torch-tpu-hf")
+    )
+    args = "PYTEST_ARGS=-q -p no:cacheprovider -rp"  # -rp: the passed tests by name
+    output = run(["make", "test", args], installed.project, installed.env, 2400)
+    counts = pytest_summary(output)
+    assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
+    assert not counts.get("deselected") and not counts.get("error"), output[-3000:]
+    for test in (
+        "test_every_layout_trains_the_one_process_losses",
+        "test_lora_in_bf16_trains_only_the_adapters_alike_on_one_process_and_fsdp",
+        "test_lora_checkpoint_holds_only_the_adapters_and_their_optimizer_state",
+    ):
+        assert f"PASSED tests/test_distributed.py::{test}" in output, output[-3000:]

@@ -21,8 +21,11 @@ def module_of(thread: threading.Thread) -> str:
     return getattr(code, "__module__", None) or "?"
 
 
-@atexit.register  # the first registered, so the last to run: after the project's own
 def _name_the_threads_left() -> None:
     main = threading.main_thread()
     left = [f"{t.name} [{module_of(t)}]" for t in threading.enumerate() if t is not main]
     print(LEFT, "; ".join(sorted(left)) or "none", file=sys.stderr, flush=True)
+
+
+if __name__ == "sitecustomize":  # not where the tests import LEFT
+    atexit.register(_name_the_threads_left)  # the first registered: the last to run

@@ -158,3 +158,59 @@ def test_resumed_run_from_gcs_equals_the_uninterrupted_one(
     assert resumed["steps"] == STEPS
     after = [item for item in whole["train_losses"] if item[0] > CHECKPOINT_EVERY]
     assert [item for item in resumed["train_losses"] if item[0] > CHECKPOINT_EVERY] == after
+{%- if cookiecutter.example_task == "hf-causal-lm" %}
+
+
+# ---- LoRA (peft): bf16-mixed, the frozen base in bf16 --------------------------------------
+LORA = {"lora": {"rank": 4, "alpha": 8, "base_bf16": True}, "precision": "bf16-mixed"}
+LORA_LAYOUTS = {
+    "single": LAYOUTS["single"],
+    "fsdp-x2": {"devices": "2", "strategy": "fsdp", "batch_size": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory: pytest.TempPathFactory, python_subprocess: Any) -> dict[str, Any]:
+    """The summary of a LoRA run of STEPS steps on one process and under FSDP2 x2."""
+    found = {}
+    for name, layout in LORA_LAYOUTS.items():
+        run_dir = tmp_path_factory.mktemp(f"lora-{name}")
+        overrides = {**TINY, **QUIET, **LORA, **layout, "max_steps": STEPS, "log_every": 1,
+                     "eval_every": 0, "run_dir": str(run_dir)}  # fmt: skip
+        found[name] = python_subprocess(["-c", RUN, json.dumps(overrides), str(WARM_UP)])
+    return found
+
+
+def test_lora_in_bf16_trains_only_the_adapters_alike_on_one_process_and_fsdp(
+    lora_runs: dict[str, Any],
+) -> None:
+    """It trains a few percent of the weights in bf16-mixed, the frozen base held in bf16, with
+    the one-process losses under FSDP2 x2 and no graph compiled after warm-up."""
+    single, sharded = lora_runs["single"], lora_runs["fsdp-x2"]
+    counts = single["parameters"]
+    assert 0 < counts["trainable"] < counts["total"] / 5 and sharded["parameters"] == counts
+    frozen = counts["total"] - counts["trainable"]
+    for name, summary in lora_runs.items():
+        assert summary["precision"] == "bf16-mixed", name
+        assert summary["memory"]["param_bytes_total"] == 2 * frozen + 4 * counts["trainable"]
+        assert summary["guard"]["compilations"] == 0 and summary["diagnosis"] == [], name
+    reference = single["train_losses"]
+    for (step, loss), (_, expected) in zip(sharded["train_losses"], reference, strict=True):
+        assert loss == pytest.approx(expected, rel=TOLERANCE), step
+
+
+def test_lora_checkpoint_holds_only_the_adapters_and_their_optimizer_state(
+    lora_runs: dict[str, Any],
+) -> None:
+    """It saves the adapters and their AdamW moments, not the frozen base (FSDP2's shards)."""
+    from {{ cookiecutter.package_name }}.core.checkpointing import saved_keys
+
+    tables = saved_keys(lora_runs["fsdp-x2"]["checkpoint"])
+    keys = {k for k in tables if not any(other.startswith(k + ".") for other in tables)}
+    weights = {k for k in keys if k.startswith("model.")}
+    moments = {k for k in keys if k.startswith("optimizer.state.")}
+    assert weights and all(".lora_A." in k or ".lora_B." in k for k in weights), weights
+    adapters = {k.removeprefix("model.") for k in weights}
+    assert {k.removeprefix("optimizer.state.").rsplit(".", 1)[0] for k in moments} == adapters
+    assert not any("embed_tokens" in k or "base_layer" in k for k in keys)
+{%- endif %}
