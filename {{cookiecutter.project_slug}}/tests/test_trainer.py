@@ -81,6 +81,22 @@ def test_sigterm_then_resume_matches_uninterrupted_run(
     assert resumed["train_losses"] == summary_of(reference_run)["train_losses"]
 
 
+def test_a_later_sigterm_is_the_same_request_and_leaves_the_save_alone(
+    python_subprocess: Any,
+) -> None:
+    """It takes a SIGTERM after the loop stopped on one as the same request: a VM going down
+    signals every process and a launcher sends its own on, while the run saves."""
+    code = (
+        "import json, os, signal\n"
+        "from {{ cookiecutter.package_name }}.training.watch import Preemption\n"
+        "with Preemption() as preemption:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)  # after the loop, as the run saves\n"
+        "print(json.dumps({'asked': preemption.requested, 'saved': True}))\n"
+    )
+    assert python_subprocess(["-c", code]) == {"asked": True, "saved": True}
+
+
 def test_resume_auto_starts_fresh_and_latest_needs_a_checkpoint(tmp_path: Path) -> None:
     """It trains from scratch under --resume auto, and refuses --resume latest with one line."""
     config = write_config(tmp_path, max_steps=2, log_every=1)

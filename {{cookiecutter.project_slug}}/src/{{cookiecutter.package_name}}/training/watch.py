@@ -157,7 +157,11 @@ class RunWatch:
 
 
 class Preemption:
-    """SIGTERM (a spot TPU being reclaimed) asks the run to save and stop."""
+    """SIGTERM (a spot TPU being reclaimed) asks the run to save and stop.
+
+    Once asked, the process keeps taking SIGTERM as that same request until it ends: a VM
+    going down signals every process, and a launcher sends its own on, so a process may get
+    another while it saves, after the loop; the default action would end it unsaved."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -167,7 +171,8 @@ class Preemption:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGTERM, self.previous)
+        if not self.requested:
+            signal.signal(signal.SIGTERM, self.previous)
 
     def _request(self, signum: int, frame: Any) -> None:
         self.requested = True
