@@ -90,7 +90,7 @@ def test_torch_tpu_hf_bake_installs_and_passes_its_suite_from_a_plain_shell(
     installed = install_the_users_way(
         bake_combo, "torch-tpu-hf-causal-lm-fsdp", tmp_path_factory.mktemp("torch-tpu-hf")
     )
-    args = "PYTEST_ARGS=-q -p no:cacheprovider -rp"  # -rp: the passed tests by name
+    args = "PYTEST_ARGS=-q -p no:cacheprovider -rpfE"  # the passed tests by name, then failures
     output = run(["make", "test", args], installed.project, installed.env, 2400)
     counts = pytest_summary(output)
     assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]

@@ -77,7 +77,7 @@ def two_hosts(folder: Path) -> dict[str, Any]:
         env = {**cli_env(), "TPU_WORKER_HOSTNAMES": "127.0.0.2,127.0.0.3",
                "TPU_WORKER_ID": str(worker), "MASTER_PORT": port}  # fmt: skip
         command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "train",
-                   "--config", str(config), "--devices", "1",
+                   "--config", str(config), "--devices", "1", "--strategy", "ddp",
                    "--run-dir", str(folder / f"host{worker}")]  # fmt: skip
         hosts.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))  # fmt: skip

@@ -15,7 +15,14 @@ from training_helpers import cli, preempt_then_resume, write_config
 pytestmark = pytest.mark.slow  # runs of two processes: `make test-fast` skips them
 
 STEPS = 16
-DDP_X2 = {"devices": 2, "batch_size": 4, "log_every": 1, "seed": 5, "max_steps": STEPS}
+DDP_X2 = {
+    "devices": 2,
+    "strategy": "ddp",
+    "batch_size": 4,
+    "log_every": 1,
+    "seed": 5,
+    "max_steps": STEPS,
+}
 
 
 @pytest.fixture(scope="module")
