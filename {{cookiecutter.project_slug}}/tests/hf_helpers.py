@@ -75,3 +75,15 @@ def cache_tiny_pretrained(hf_home: Path, repo_id: str) -> dict[str, float]:
     (repo / "refs" / "main").write_text(commit)
     embed = model.get_input_embeddings().weight
     return {"embed_sum": embed.sum().item(), "vocab": model.config.vocab_size}
+
+
+def assert_only_adapters_saved(saved: set[str]) -> None:
+    """A LoRA checkpoint's names (`saved_keys`) hold the adapters and their AdamW moments,
+    not the frozen base; the tables the names belong to are left out."""
+    keys = {k for k in saved if not any(other.startswith(k + ".") for other in saved)}
+    weights = {k for k in keys if k.startswith("model.")}
+    moments = {k for k in keys if k.startswith("optimizer.state.")}
+    assert weights and all(".lora_A." in k or ".lora_B." in k for k in weights), weights
+    adapters = {k.removeprefix("model.") for k in weights}
+    assert {k.removeprefix("optimizer.state.").rsplit(".", 1)[0] for k in moments} == adapters
+    assert not any("embed_tokens" in k or "base_layer" in k for k in keys)

@@ -17,6 +17,7 @@ from {{ cookiecutter.package_name }}.training import build_config, fit
 from {{ cookiecutter.package_name }}.training.export import export_checkpoint
 
 from gates import Gate
+from hf_helpers import assert_only_adapters_saved
 from training_helpers import TINY, cli, preempt_then_resume, write_config
 
 pytestmark = pytest.mark.hf
@@ -75,13 +76,9 @@ def test_lora_checkpoint_holds_only_the_adapters_and_their_optimizer_state(
     lora_run: dict[str, Any],
 ) -> None:
     """It saves the adapters and their AdamW moments, not the frozen base."""
-    keys = saved_keys(find_checkpoint(str(lora_run["run_dir"] / "checkpoints")))
-    weights = {k for k in keys if k.startswith("model.")}
-    moments = {k for k in keys if k.startswith("optimizer.state.")}
-    assert weights and all(".lora_A." in k or ".lora_B." in k for k in weights), weights
-    adapters = {k.removeprefix("model.") for k in weights}
-    assert {k.removeprefix("optimizer.state.").rsplit(".", 1)[0] for k in moments} == adapters
-    assert not any("embed_tokens" in k or "base_layer" in k for k in keys)
+    assert_only_adapters_saved(
+        saved_keys(find_checkpoint(str(lora_run["run_dir"] / "checkpoints")))
+    )
 
 
 def test_lora_checkpoint_evaluates_with_the_trained_adapters(lora_run: dict[str, Any]) -> None:

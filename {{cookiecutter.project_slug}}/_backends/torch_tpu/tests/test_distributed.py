@@ -205,12 +205,7 @@ def test_lora_checkpoint_holds_only_the_adapters_and_their_optimizer_state(
     """It saves the adapters and their AdamW moments, not the frozen base (FSDP2's shards)."""
     from {{ cookiecutter.package_name }}.core.checkpointing import saved_keys
 
-    tables = saved_keys(lora_runs["fsdp-x2"]["checkpoint"])
-    keys = {k for k in tables if not any(other.startswith(k + ".") for other in tables)}
-    weights = {k for k in keys if k.startswith("model.")}
-    moments = {k for k in keys if k.startswith("optimizer.state.")}
-    assert weights and all(".lora_A." in k or ".lora_B." in k for k in weights), weights
-    adapters = {k.removeprefix("model.") for k in weights}
-    assert {k.removeprefix("optimizer.state.").rsplit(".", 1)[0] for k in moments} == adapters
-    assert not any("embed_tokens" in k or "base_layer" in k for k in keys)
+    from hf_helpers import assert_only_adapters_saved
+
+    assert_only_adapters_saved(saved_keys(lora_runs["fsdp-x2"]["checkpoint"]))
 {%- endif %}
