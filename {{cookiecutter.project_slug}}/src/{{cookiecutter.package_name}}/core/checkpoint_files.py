@@ -104,3 +104,30 @@ def reader(location: str) -> Any:
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
     return FsspecReader(location) if "://" in location else FileSystemReader(location)
+
+
+def flat_keys(location: str) -> set[str]:
+    """The keys torch's planner flattened the saved state into (`config.lr`, ...)."""
+    try:
+        return set(reader(location).read_metadata().state_dict_metadata)
+    except failures() as error:  # a missing or foreign file: several exception types
+        raise CheckpointError(f"cannot read checkpoint {location!r}: {reason(error)}") from None
+
+
+def saved_keys(location: str) -> set[str]:
+    """The flattened names of everything a checkpoint holds (`model.embed.weight`, ...) and
+    the tables they belong to (`config`, `model`)."""
+    keys = flat_keys(location)
+    tables = {key.rsplit(".", depth)[0] for key in keys for depth in range(1, key.count(".") + 1)}
+    return keys | tables
+
+
+def load(location: str, state: dict[str, Any], planner: Any = None) -> None:
+    """torch.distributed.checkpoint's load of `location` into `state` (with `planner`, or
+    torch's default one); CheckpointError says why it failed."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        dcp.load(state, storage_reader=reader(location), planner=planner)
+    except failures() as error:
+        raise CheckpointError(f"cannot read checkpoint {location!r}: {reason(error)}") from None

@@ -13,16 +13,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from . import checkpoint_files as files
-
-
-def saved_keys(location: str) -> set[str]:
-    """The flattened names of everything a checkpoint holds (`model.embed.weight`, ...)."""
-    try:
-        return set(files.reader(location).read_metadata().state_dict_metadata)
-    except files.failures() as error:  # a missing or foreign file: several exception types
-        raise files.CheckpointError(
-            f"cannot read checkpoint {location!r}: {files.reason(error)}"
-        ) from None
+from .checkpoint_files import saved_keys as saved_keys
 
 
 def read(location: str, state: dict[str, Any]) -> None:
@@ -32,14 +23,7 @@ def read(location: str, state: dict[str, Any]) -> None:
     now, whatever the layout at save time); other entries are replaced by the saved
     objects. Entries of the checkpoint that `state` does not name are not read.
     """
-    import torch.distributed.checkpoint as dcp
-
-    try:
-        dcp.load(state, storage_reader=files.reader(location), planner=_load_planner(state))
-    except files.failures() as error:
-        raise files.CheckpointError(
-            f"cannot read checkpoint {location!r}: {files.reason(error)}"
-        ) from None
+    files.load(location, state, _load_planner(state))
 
 
 def _load_planner(state: dict[str, Any]) -> Any:

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .host_checks import XRT_VARIABLES, Check, major_minor, package_version, this_host
+from .check_order import run_in_order
+from .host_checks import XRT_VARIABLES, Check, major_minor, package_version
 
 
 def xla_version() -> str | None:
@@ -132,12 +133,10 @@ def check_accelerator() -> Check:
 def run_checks(
     environ: Mapping[str, str], compile_cache: str = "", last_run: Path | None = None
 ) -> list[Check]:
-    """Every check, runtime last (it takes the TPU, which the holder check must not see)."""
-    torch_version = package_version("torch")
-    checks = [check_versions(torch_version, xla_version())]
-    checks += check_runtime_variables(environ)
-    checks += this_host()
-    checks.append(check_compile_cache(environ, compile_cache, last_run))
-    if checks[0].status == "ok":
-        checks.append(check_accelerator())
-    return checks
+    """Every check: torch and torch_xla in lockstep first, the XLA runtime last."""
+    return run_in_order(
+        check_versions(package_version("torch"), xla_version()),
+        lambda: check_runtime_variables(environ),
+        lambda: check_compile_cache(environ, compile_cache, last_run),
+        check_accelerator,
+    )

@@ -4,57 +4,28 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
-MODES = ("32-true", "bf16-mixed", "bf16-true", "bf16-env", "bf16-env-downcast")
-# Names other tools use; TPUs have no fp16 units, so half precision means bf16 there.
-ALIASES = {
-    "32": "32-true",
-    "fp32": "32-true",
-    "bf16": "bf16-mixed",
-    "16": "bf16-mixed",
-    "16-mixed": "bf16-mixed",
-    "16-true": "bf16-true",
-}
+from . import precision_modes
+from .precision_modes import ACCUMULATOR_DTYPE as ACCUMULATOR_DTYPE
+from .precision_modes import ALIASES as ALIASES
+from .precision_modes import PrecisionMode
+from .precision_modes import accumulator as accumulator
+
 _LEGACY_ENV = {"bf16-env": "XLA_USE_BF16", "bf16-env-downcast": "XLA_DOWNCAST_BF16"}
-# Accumulators for losses and metrics: never narrower than this.
-ACCUMULATOR_DTYPE = torch.float32
+MODES = (*precision_modes.MODES, *_LEGACY_ENV)
 
 
-@dataclass(frozen=True)
-class Precision:
+class Precision(PrecisionMode):
     """One precision mode; build it with `Precision.from_name`."""
 
-    name: str
-
-    @classmethod
-    def from_name(cls, name: str | int) -> Precision:
-        """Resolve a mode name or alias; ValueError lists the valid names."""
-        text = str(name).strip().lower()
-        if text in ALIASES:
-            resolved = ALIASES[text]
-            if text.startswith("16"):
-                warnings.warn(
-                    f"precision {name!r} means {resolved!r} here: TPUs have no fp16 units",
-                    stacklevel=2,
-                )
-            text = resolved
-        if text not in MODES:
-            valid = ", ".join(MODES + tuple(ALIASES))
-            raise ValueError(f"unknown precision {name!r}: choose one of {valid}")
-        return cls(text)
+    modes = MODES
 
     @property
     def legacy_env(self) -> bool:
         return self.name in _LEGACY_ENV
-
-    @property
-    def param_dtype(self) -> torch.dtype:
-        return torch.bfloat16 if self.name == "bf16-true" else torch.float32
 
     def apply_environment(self) -> None:
         """Set (or clear) the legacy bf16 variables; must run before the runtime starts."""
@@ -63,30 +34,15 @@ class Precision:
         if self.legacy_env:
             os.environ[_LEGACY_ENV[self.name]] = "1"
 
-    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Cast the module's floating parameters as the mode requires (bf16-true only)."""
-        if self.name == "bf16-true":
-            return module.to(torch.bfloat16)
-        return module
+    def autocast_device(self) -> str:
+        """XLA autocast, whatever the XLA device."""
+        return "xla"
 
     def forward_context(self) -> contextlib.AbstractContextManager[None]:
         """Context for forward passes: XLA autocast under bf16-mixed, nothing otherwise."""
         if self.name == "bf16-mixed":
             autocast_attention()
-            return torch.autocast("xla", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    def convert_input(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Cast floating inputs to the parameter dtype (bf16-true only)."""
-        if self.name == "bf16-true" and tensor.is_floating_point():
-            return tensor.to(torch.bfloat16)
-        return tensor
-
-    def convert_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Cast a batch's floating inputs (bf16-true); other modes return it untouched."""
-        if self.name != "bf16-true":
-            return batch
-        return {key: self.convert_input(value) for key, value in batch.items()}
+        return super().forward_context()
 
 
 _AUTOCAST_LIBRARY: list[torch.library.Library] = []  # kept alive: it holds the registration
@@ -114,11 +70,6 @@ def autocast_attention() -> None:
     library = torch.library.Library("aten", "IMPL")
     library.impl("scaled_dot_product_attention", sdpa, "AutocastXLA")
     _AUTOCAST_LIBRARY.append(library)
-
-
-def accumulator(device: torch.device | str | None = None) -> torch.Tensor:
-    """A zero fp32 scalar for summing losses or metrics on device in any mode."""
-    return torch.zeros((), dtype=ACCUMULATOR_DTYPE, device=device)
 
 
 @contextlib.contextmanager

@@ -19,8 +19,6 @@ the reason recorded (`reason`):
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +26,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import health
+from .compiled_step import CompiledStep
 
 # A graph input is a state tensor (by index), an input leaf (by index), the RNG seed,
 # or a constant (the device data it had when traced).
@@ -93,29 +92,16 @@ def _pending_python_tensors() -> bool:
     return any(_xlac()._check_tensor_need_materialization(tensors))
 
 
-class ReplayedStep:
+class ReplayedStep(CompiledStep):
     """`step(inputs)`: trace `fn(inputs)` twice, then replay the compiled graph.
 
-    `state()` lists every tensor the step may read or update in place (parameters,
-    buffers, optimizer state); `inputs` is a nest of tensors that differ at each call
-    (batches, learning rates). `host_read()` wraps the one-time comparison of constant
-    inputs, a device read the run's guard must allow. The caller cuts every step with
+    The graph reads the tensors `state()` lists and `inputs`' tensors; `host_read()` wraps
+    the one-time comparison of constant inputs. The caller cuts every step with
     `torch_xla.sync()`, which advances the device RNG seed as it does for a traced step.
+    `phase` goes from "capture" to "verify" to "replay".
     """
 
-    def __init__(
-        self,
-        fn: Callable[[Any], Any],
-        state: Callable[[], list[torch.Tensor]],
-        host_read: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-        reason: str | None = None,
-    ) -> None:
-        self.fn = fn
-        self.state = state
-        self.host_read = host_read or contextlib.nullcontext
-        self.reason = reason  # why the step is traced every time (None: it replays)
-        self.reads = 0  # device reads of the two traced steps (checks made once, reported)
-        self.phase = "capture"  # then "verify", then "replay"
+    def _prepare(self) -> None:
         self._graph: _Graph | None = None
         self._constants: list[torch.Tensor] = []
 

@@ -6,21 +6,28 @@ inside functions, after `configure()` has set the environment it reads once.
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from . import tpu_generations
+from . import host_exchange
 
 # How many slices the job spans and which one this worker is on (1 and 0 on one slice), as
 # the pod launcher set them for the TPU runtime: `core.multislice` says what they read.
 from .multislice import slice_count as slice_count
 from .multislice import slice_index as slice_index
+
+# The accelerator types' facts (`core.topology`), asked of the runtime by the whole project.
+from .topology import BAKED_ACCELERATOR_TYPE as BAKED_ACCELERATOR_TYPE
+from .topology import SHARED_CACHE_DIRS as SHARED_CACHE_DIRS
+from .topology import RuntimeConfigError as RuntimeConfigError
+from .topology import Topology as Topology
+from .topology import compile_cache_dir as compile_cache_dir
+from .topology import devices_per_chip as devices_per_chip
+from .topology import devices_per_host as devices_per_host
+from .topology import peak_bf16_flops_per_chip as peak_bf16_flops_per_chip
+from .topology import topology as topology
 
 ACCELERATORS = ("auto", "tpu", "cpu")
 
@@ -29,54 +36,6 @@ def mesh_slice_count() -> int:
     """The slices the device mesh spans: slice_count() on TPU. On XLA:CPU each process is a
     world of its own (a pod rehearsal's workers), so a launcher's slice variables make no mesh."""
     return slice_count() if os.environ.get("PJRT_DEVICE", "").upper() == "TPU" else 1
-
-
-class RuntimeConfigError(ValueError):
-    """Raised for a device/strategy request that cannot run here; the message says what to do."""
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Hosts and devices per host of a TPU accelerator type such as `v4-32`."""
-
-    hosts: int
-    devices_per_host: int
-
-    @property
-    def devices(self) -> int:
-        return self.hosts * self.devices_per_host
-
-
-def _slice(accelerator_type: str) -> tuple[tpu_generations.Generation, int]:
-    try:
-        return tpu_generations.parse(accelerator_type)
-    except tpu_generations.UnknownAcceleratorType as error:
-        raise RuntimeConfigError(str(error)) from None
-
-
-def topology(accelerator_type: str) -> Topology:
-    """Return the host/device layout of an accelerator type (`v3-8`, `v5p-16`, ...)."""
-    generation, size = _slice(accelerator_type)
-    return Topology(generation.hosts(size), generation.devices_per_host(size))
-
-
-def devices_per_host(accelerator_type: str) -> int:
-    """XLA devices on each host of the slice (8 on v3-8, 4 on v4-8 and v5p-16)."""
-    return topology(accelerator_type).devices_per_host
-
-
-def peak_bf16_flops_per_chip(accelerator_type: str) -> float:
-    """Peak bf16 FLOP/s of one chip of the slice's generation (for MFU)."""
-    return _slice(accelerator_type)[0].peak_bf16_flops_per_chip
-
-
-def devices_per_chip(accelerator_type: str) -> int:
-    """XLA devices one chip shows (2 on v2/v3, whose TensorCores are separate devices)."""
-    return _slice(accelerator_type)[0].devices_per_chip
-
-
-# What this project was made for; the TPU VM's own metadata wins when it can be read.
-BAKED_ACCELERATOR_TYPE = "{{ cookiecutter.accelerator_type }}"
 
 
 def accelerator_type() -> str:
@@ -92,45 +51,10 @@ def accelerator_type() -> str:
         return BAKED_ACCELERATOR_TYPE
 
 
-# Where `compile_cache = "auto"` keeps compiled graphs on a TPU VM, shared by every run on
-# the host: the folder the startup script makes, else one in the user's home.
-SHARED_CACHE_DIRS = (
-    "/var/cache/{{ cookiecutter.project_slug }}/xla",
-    "~/.cache/{{ cookiecutter.project_slug }}/xla",
-)
-
-
-def compile_cache_dir(
-    setting: str, accelerator: str, candidates: tuple[str, ...] = SHARED_CACHE_DIRS
-) -> str | None:
-    """The persistent compilation cache of a run: a path, or None for none.
-
-    `auto` is on for TPU (the first writable shared folder) and off on XLA:CPU, which
-    cannot reuse compiled graphs from disk; `off` or empty turns it off; anything else
-    is the folder to use.
-    """
-    if setting in ("", "off"):
-        return None
-    if setting != "auto":
-        return setting
-    if accelerator != "tpu":
-        return None
-    for candidate in candidates:
-        folder = os.path.expanduser(candidate)
-        try:
-            os.makedirs(folder, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(folder, os.W_OK):
-            return folder
-    return None
-
-
 def tpu_present() -> bool:
     """Return True when this host has TPU device files and libtpu (no metadata-server call)."""
-    has_devices = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
     has_libtpu = importlib.util.find_spec("libtpu") is not None or "TPU_LIBRARY_PATH" in os.environ
-    return has_devices and has_libtpu
+    return host_exchange.has_tpu_devices() and has_libtpu
 
 
 def detect_accelerator(requested: str = "auto") -> str:
@@ -244,7 +168,7 @@ def host_group() -> Any:
         import torch_xla.runtime as xr
 
         processes = xr.process_count() if xr.is_spmd() else xr.world_size()
-        with _stdout_silenced():  # gloo prints a line per connection to stdout
+        with host_exchange.stdout_silenced():
             if processes == 1:
                 # No rendezvous port: two runs on one machine must not meet (or collide).
                 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -253,34 +177,11 @@ def host_group() -> Any:
     return dist.group.WORLD
 
 
-@contextlib.contextmanager
-def _stdout_silenced() -> Iterator[None]:
-    """Send what native code writes to file descriptor 1 to /dev/null for a moment."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with open(os.devnull, "w") as sink:
-        os.dup2(sink.fileno(), 1)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-
-
 def host_all_reduce_max(value: int) -> int:
     """The largest of every process's `value` (a host-to-host exchange, no device work)."""
-    import torch
-    import torch.distributed as dist
-
-    host_group()
-    tensor = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
+    return host_exchange.all_reduce_max(value, host_group())
 
 
 def host_barrier() -> None:
     """Wait for every process of the job (host side)."""
-    import torch.distributed as dist
-
-    host_group()
-    dist.barrier()
+    host_exchange.barrier(host_group())

@@ -72,6 +72,16 @@ def mesh_devices(shape: MeshShape) -> int:
     return math.prod(size for _, size in shape)
 
 
+def check_mesh_size(request: MeshShape, devices: int) -> None:
+    """Refuse a requested mesh whose size is not the job's device count."""
+    size = mesh_devices(request)
+    if request and size != devices:
+        raise RuntimeConfigError(
+            f"mesh {mesh_text(request)!r} has {size} devices but the job has {devices}: "
+            f"make the axis sizes multiply to {devices}"
+        )
+
+
 def over_slices(shape: MeshShape, slices: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The mesh split for several slices: (within a slice, across slices) sizes per axis.
 
@@ -232,6 +242,17 @@ def layout(
                 f"give sharding_rules that use {axis!r}, or drop the axis"
             )
     return specs
+
+
+def model_layout(model: Any, rules: Sequence[Rule], mesh: Mapping[str, int]) -> dict[int, Spec]:
+    """`layout` of a model's parameters, by id: a tied parameter once, under all its names."""
+    names: dict[int, list[str]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)  # a tied parameter has several
+        shapes.setdefault(names[id(param)][0], tuple(param.shape))
+    specs = layout({found[0]: found for found in names.values()}, shapes, rules, mesh)
+    return {key: specs[found[0]] for key, found in names.items()}
 
 
 def _plain(name: str) -> str:

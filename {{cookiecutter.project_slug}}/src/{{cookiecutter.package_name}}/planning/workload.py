@@ -22,7 +22,7 @@ from torch import nn
 
 from ..core import ops
 from ..core.sharding import Spec, layout
-from ..core.strategies.base import blocks_of
+from ..core.strategies.interface import blocks_of
 from ..tasks import Task, block_class, load_task
 from ..training.config import TrainConfig
 from ..training.model import (

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from ..runtime import RuntimeConfigError
 from ..sharding import parse_mesh
-from .base import CPU_EMULATED_DEVICES, SingleDevice, Strategy, blocks_of
+from .base import CPU_EMULATED_DEVICES, SingleDevice, Strategy
 from .ddp import DataParallelProcesses
 from .fsdp import FullyShardedDataParallel
+from .interface import blocks_of
 from .spmd import SpmdDataParallel
 
 __all__ = [

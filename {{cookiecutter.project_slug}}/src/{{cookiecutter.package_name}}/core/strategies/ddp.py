@@ -22,17 +22,15 @@ class DataParallelProcesses(Strategy):
     name = "ddp"
 
     @classmethod
-    def create(
-        cls, accelerator: str, devices: int | None, core: int | None = None, mesh: str = ""
-    ) -> Strategy:
-        if core is not None:
-            raise RuntimeConfigError("one core id runs one device: use --strategy single")
+    def check_request(
+        cls, accelerator: str, devices: int | None, core: int | None, mesh: str
+    ) -> None:
+        super().check_request(accelerator, devices, core, mesh)
         if accelerator == "cpu" and devices != 1:
             raise RuntimeConfigError(
                 "XLA:CPU has no multi-process collectives, so strategy 'ddp' cannot use "
                 f"{devices} devices here: use --strategy spmd to emulate them in one process"
             )
-        return super().create(accelerator, devices, core, mesh)
 
     def processes(self) -> int:
         return runtime.world_size()

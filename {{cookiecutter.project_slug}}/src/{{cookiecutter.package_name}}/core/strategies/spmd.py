@@ -20,60 +20,42 @@ from ..runtime import RuntimeConfigError
 from ..sharding import (
     BATCH_AXES,
     SEQUENCE_AXIS,
-    MeshShape,
     Rule,
     Spec,
-    layout,
-    mesh_devices,
-    mesh_text,
+    check_mesh_size,
+    model_layout,
     over_slices,
-    parse_mesh,
     state_spec,
 )
-from .base import CPU_EMULATED_DEVICES, Strategy, blocks_of, checkpoint_blocks
+from . import interface
+from .base import CPU_EMULATED_DEVICES, Strategy
+from .interface import blocks_of
 
 
-class SpmdDataParallel(Strategy):
+class SpmdDataParallel(interface.OnMesh, Strategy):
     """Data parallel under SPMD: the model replicated (but for what rules split), the batch
     sharded over the batch axes."""
 
     name = "spmd"
-    sharded_axis = "data"  # the axis that must exist when a mesh is given
-    lays_out_parameters = True
+    sharded_axis = "data"
 
     def __init__(
         self, accelerator: str, devices: int | None, core: int | None = None, mesh: str = ""
     ) -> None:
-        super().__init__(accelerator, devices, core)
-        self.mesh_request = parse_mesh(mesh)
-        self._mesh: Any = None
+        super().__init__(accelerator, devices, core, mesh)
         self.specs: dict[int, Spec] = {}  # id(parameter) -> its layout
 
-    @classmethod
-    def create(
-        cls, accelerator: str, devices: int | None, core: int | None = None, mesh: str = ""
-    ) -> Strategy:
-        if core is not None:
-            raise RuntimeConfigError("one core id runs one device: use --strategy single")
-        strategy = cls(accelerator, devices, None, mesh)
-        axes = dict(strategy.mesh_request)
-        if cls.name == "spmd" and "fsdp" in axes:
+    def check_mesh(self) -> None:
+        axes = dict(self.mesh_request)
+        if self.name == "spmd" and "fsdp" in axes:
             raise RuntimeConfigError(
                 "a mesh with an 'fsdp' axis shards the model: use --strategy fsdp"
             )
         # A mesh of sequences alone (`context=8`) is data parallel over nothing: spmd's.
-        alone = cls.name == "spmd" and set(axes) == {SEQUENCE_AXIS}
-        if axes and cls.sharded_axis not in axes and not alone:
-            raise RuntimeConfigError(
-                f"strategy {cls.name!r} needs a {cls.sharded_axis!r} axis in its mesh, "
-                f"got {mesh_text(strategy.mesh_request)!r}"
-            )
-        if accelerator == "cpu" and devices is not None:
-            strategy.check_mesh_size(devices)  # one host: known before anything starts
-        return strategy
-
-    def identity(self) -> tuple[Any, ...]:
-        return (*super().identity(), self.mesh_request)
+        if not (self.name == "spmd" and set(axes) == {SEQUENCE_AXIS}):
+            super().check_mesh()
+        if self.accelerator == "cpu" and self.devices is not None:
+            check_mesh_size(self.mesh_request, self.devices)  # one host: known now
 
     # ---- launch -------------------------------------------------------------------
     def cpu_devices(self) -> int:
@@ -90,21 +72,8 @@ class SpmdDataParallel(Strategy):
                 f"asked for {self.devices} devices but this host has {found}: "
                 "use --devices all or the host's device count"
             )
-        self.check_mesh_size(runtime.global_device_count())
+        check_mesh_size(self.mesh_request, runtime.global_device_count())
         over_slices(self.mesh_shape(), runtime.mesh_slice_count())  # refused here, not at first use
-
-    def check_mesh_size(self, devices: int) -> None:
-        """Refuse a mesh whose size is not the job's device count."""
-        size = mesh_devices(self.mesh_request)
-        if self.mesh_request and size != devices:
-            raise RuntimeConfigError(
-                f"mesh {mesh_text(self.mesh_request)!r} has {size} devices but the job has "
-                f"{devices}: make the axis sizes multiply to {devices}"
-            )
-
-    def mesh_shape(self) -> MeshShape:
-        """The mesh in use: the request, or every device on the strategy's own axis."""
-        return self.mesh_request or ((self.sharded_axis, runtime.global_device_count()),)
 
     def mesh(self) -> Any:
         """The device mesh; over several slices, torch_xla's hybrid mesh (see over_slices)."""
@@ -124,9 +93,6 @@ class SpmdDataParallel(Strategy):
             xs.set_global_mesh(self._mesh)  # where kernels (core/attention.py) find it
         return self._mesh
 
-    def mesh_axes(self) -> dict[str, int]:
-        return dict(self.mesh_shape())
-
     def batch_axes(self) -> Any:
         """The mesh axes a batch's first dimension is split over (None: not split)."""
         axes = tuple(axis for axis, size in self.mesh_shape() if axis in BATCH_AXES)
@@ -139,9 +105,6 @@ class SpmdDataParallel(Strategy):
         if tensor.dim() > 1 and self.mesh_axes().get(SEQUENCE_AXIS, 1) > 1:
             spec[1] = SEQUENCE_AXIS
         return tuple(spec)
-
-    def describe(self) -> str:
-        return f"{super().describe()}, mesh {mesh_text(self.mesh_shape())}"
 
     # ---- processes and data -------------------------------------------------------
     def is_master(self) -> bool:
@@ -191,9 +154,7 @@ class SpmdDataParallel(Strategy):
     ) -> tuple[nn.Module, tying.TieReport]:
         """Move the model, lay every parameter out by the rules, and where parameters or
         sequences are split, pin each block's output to the batch layout."""
-        report = tying.move_and_retie(model, runtime.device())
-        if activation_checkpointing:
-            checkpoint_blocks(model, block_class)
+        report = self.move(model, block_class, activation_checkpointing)
         self.place_parameters(model, rules)
         split = any(any(entry is not None for entry in spec) for spec in self.specs.values())
         if split or self.mesh_axes().get(SEQUENCE_AXIS, 1) > 1:
@@ -205,15 +166,8 @@ class SpmdDataParallel(Strategy):
         """Mark every parameter with its layout (rules, else the strategy's default)."""
         import torch_xla.distributed.spmd as xs
 
-        names: dict[int, list[str]] = {}
-        params: dict[int, nn.Parameter] = {}
-        for name, param in model.named_parameters(remove_duplicate=False):
-            names.setdefault(id(param), []).append(name)  # a tied parameter has several
-            params[id(param)] = param
-        by_name = {found[0]: found for found in names.values()}
-        shapes = {found[0]: tuple(params[key].shape) for key, found in names.items()}
-        specs = layout(by_name, shapes, rules, self.mesh_axes())
-        self.specs = {key: specs[found[0]] for key, found in names.items()}
+        params = {id(param): param for param in model.parameters()}
+        self.specs = model_layout(model, rules, self.mesh_axes())
         for key, spec in self.specs.items():
             xs.mark_sharding(params[key], self.mesh(), spec)
 
@@ -259,15 +213,6 @@ class SpmdDataParallel(Strategy):
     # ---- collectives ------------------------------------------------------------------
     def processes(self) -> int:
         return runtime.process_count()
-
-    def agree_any(self, flag: bool) -> bool:
-        if self.processes() == 1:
-            return flag
-        return bool(runtime.host_all_reduce_max(int(flag)))
-
-    def barrier(self, tag: str) -> None:
-        if self.processes() > 1:
-            runtime.host_barrier()
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:

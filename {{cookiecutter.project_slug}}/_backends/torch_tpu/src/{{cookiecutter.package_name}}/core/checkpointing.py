@@ -14,24 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import checkpoint_files as files
-
-
-def _flat_keys(location: str) -> set[str]:
-    """The keys torch's planner flattened the saved state into (`config.lr`, ...)."""
-    try:
-        return set(files.reader(location).read_metadata().state_dict_metadata)
-    except files.failures() as error:  # a missing or foreign file: several exception types
-        raise files.CheckpointError(
-            f"cannot read checkpoint {location!r}: {files.reason(error)}"
-        ) from None
-
-
-def saved_keys(location: str) -> set[str]:
-    """The flattened names of everything a checkpoint holds (`model.embed.weight`, ...) and
-    the tables they belong to (`config`, `model`)."""
-    keys = _flat_keys(location)
-    tables = {key.rsplit(".", depth)[0] for key in keys for depth in range(1, key.count(".") + 1)}
-    return keys | tables
+from .checkpoint_files import saved_keys as saved_keys
 
 
 def read(location: str, state: dict[str, Any]) -> None:
@@ -42,18 +25,11 @@ def read(location: str, state: dict[str, Any]) -> None:
     (a `None` entry naming a table receives the whole table). Entries of the checkpoint
     that `state` does not name are not read.
     """
-    import torch.distributed.checkpoint as dcp
-
-    keys = _flat_keys(location)
+    keys = files.flat_keys(location)
     for name, value in list(state.items()):
         if value is None and name not in keys:
             state[name] = _table(name, keys)
-    try:
-        dcp.load(state, storage_reader=files.reader(location), planner=_load_planner(state))
-    except files.failures() as error:
-        raise files.CheckpointError(
-            f"cannot read checkpoint {location!r}: {files.reason(error)}"
-        ) from None
+    files.load(location, state, _load_planner(state))
 
 
 def _table(name: str, keys: set[str]) -> dict[str, Any]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from .host_checks import XRT_VARIABLES, Check, major_minor, package_version, this_host
+from .check_order import run_in_order
+from .host_checks import XRT_VARIABLES, Check, major_minor, package_version
 
 
 def xla_version() -> str | None:
@@ -64,13 +65,9 @@ def check_runtime_variables(environ: Mapping[str, str]) -> list[Check]:
     return [Check("runtime-variables", "ok", "no torch_xla settings in the environment")]
 
 
-def check_compile_cache(
-    environ: Mapping[str, str],
-    configured: str,
-    last_run: Path | None = None,
-    candidates: tuple[str, ...] | None = None,
-) -> Check:
-    """TorchTPU keeps its compiled programs itself: nothing for the project to set up."""
+def check_compile_cache(environ: Mapping[str, str], *settings: object, **named: object) -> Check:
+    """TorchTPU keeps its compiled programs itself: nothing for the project to set up,
+    whatever the compile cache's settings (`configured`, `last_run`, `candidates`)."""
     return Check("compile-cache", "ok", "compiled programs are kept by TorchTPU itself")
 
 
@@ -95,14 +92,12 @@ def check_accelerator() -> Check:
 def run_checks(
     environ: Mapping[str, str], compile_cache: str = "", last_run: Path | None = None
 ) -> list[Check]:
-    """Every check, runtime last (it takes the TPU, which the holder check must not see)."""
+    """Every check: torch within torch-tpu's range first, the device last."""
     from .runtime import tpu_present
 
-    torch_version = package_version("torch")
-    checks = [check_versions(torch_version, tpu_version(), tpu_present())]
-    checks += check_runtime_variables(environ)
-    checks += this_host()
-    checks.append(check_compile_cache(environ, compile_cache, last_run))
-    if checks[0].status == "ok":
-        checks.append(check_accelerator())
-    return checks
+    return run_in_order(
+        check_versions(package_version("torch"), tpu_version(), tpu_present()),
+        lambda: check_runtime_variables(environ),
+        lambda: check_compile_cache(environ, compile_cache, last_run),
+        check_accelerator,
+    )

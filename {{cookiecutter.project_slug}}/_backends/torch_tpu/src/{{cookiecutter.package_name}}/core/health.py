@@ -11,40 +11,15 @@ warm-up fails the guard as it does under torch_xla. The names of the torch_xla b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
+
+from . import guard
+from .guard import HealthSnapshot, StepGuard
+from .guard import XlaHealthError as XlaHealthError
 
 _transfers = 0
 # Graph-break reasons that are reads of a device value on the host.
 _READS = ("item()", "Tensor.item", "data-dependent", "data dependent", "tolist", "__bool__")
-
-
-class XlaHealthError(AssertionError):
-    """Raised by `XlaGuard` when a run recompiles or reads the device where it must not."""
-
-
-@dataclass(frozen=True)
-class HealthSnapshot:
-    """Cumulative counters at one moment."""
-
-    compilations: int
-    transfers: int
-    fallback_ops: dict[str, int] = field(default_factory=dict)
-    graph_breaks: dict[str, int] = field(default_factory=dict)
-
-    def since(self, earlier: HealthSnapshot) -> HealthSnapshot:
-        breaks = {
-            reason: count - earlier.graph_breaks.get(reason, 0)
-            for reason, count in self.graph_breaks.items()
-            if count > earlier.graph_breaks.get(reason, 0)
-        }
-        return HealthSnapshot(
-            compilations=self.compilations - earlier.compilations,
-            transfers=self.transfers - earlier.transfers,
-            fallback_ops={},
-            graph_breaks=breaks,
-        )
 
 
 def count_transfer(count: int = 1) -> None:
@@ -95,14 +70,11 @@ def snapshot() -> HealthSnapshot:
 
 
 def all_finite(tensors: list[Any]) -> bool:
-    """True if no element of any tensor is NaN or infinite (one reduction, one host read)."""
-    import torch
-
-    if not tensors:
-        return True
-    count_transfer()
-    flags = torch.stack([torch.isfinite(_local(t)).all() for t in tensors])
-    return bool(flags.all().item())
+    """True if no element of any tensor is NaN or infinite (one reduction, one host read);
+    a sharded (DTensor) tensor is checked on this process's shard."""
+    if tensors:
+        count_transfer()
+    return guard.all_finite([_local(t) for t in tensors])
 
 
 def _local(tensor: Any) -> Any:
@@ -122,85 +94,34 @@ def metrics_report() -> str:
     return "\n".join(lines)
 
 
-def diagnose(
-    delta: HealthSnapshot,
-    steps: int,
-    expected_graphs: int = 2,
-    expected_transfers: int | None = None,
-) -> list[str]:
-    """Plain-language findings about a run's counters (empty when healthy).
+class XlaGuard(StepGuard):
+    """The step guard over dynamo's counters: a graph compiled after warm-up is reported
+    with the graph breaks that came with it."""
 
-    `expected_graphs` counts the graphs a healthy run compiles once; torch.compile splits a
-    step at backward() and inside the optimizer, so the loop's graphs are compared with
-    what its first steps compiled (the guard), not with this number alone.
-    """
-    findings = []
-    allowed = steps if expected_transfers is None else expected_transfers
-    if steps and delta.transfers > allowed:
-        findings.append(
-            f"{delta.transfers} device-to-host reads over {steps} steps, {allowed} expected: "
-            "a host sync (.item(), print, Python branching on a tensor) runs in the step"
-        )
-    reads = [r for r in delta.graph_breaks if any(word in r for word in _READS)]
-    if reads:
-        findings.append(f"the compiled step reads the device: {'; '.join(reads)}")
-    return findings
+    def _snapshot(self) -> HealthSnapshot:
+        return snapshot()
+
+    def _graph_problems(self, delta: HealthSnapshot) -> list[str]:
+        if delta.compilations <= self.allowed_compilations:
+            return []
+        breaks = "; ".join(delta.graph_breaks) or "no new graph break"
+        return [
+            f"{delta.compilations} new graph(s) compiled after warm-up: a shape, dtype "
+            f"or Python value changed between steps ({breaks}); TORCH_LOGS=recompiles "
+            "prints each recompilation's cause"
+        ]
+
+    @classmethod
+    def _read_findings(cls, delta: HealthSnapshot) -> list[str]:
+        """The graph breaks that read the device inside the compiled step.
+
+        The run's graph count is not judged here: torch.compile splits a step at backward()
+        and inside the optimizer, so the loop's graphs are compared with what its first
+        steps compiled (the guard), not with an expected number.
+        """
+        reads = [r for r in delta.graph_breaks if any(word in r for word in _READS)]
+        return [f"the compiled step reads the device: {'; '.join(reads)}"] if reads else []
 
 
-class XlaGuard:
-    """Fail fast when, inside the block, a graph compiles or the step reads the device.
-
-    `allowed_transfers` permits the reads of a logging cadence; `allow()` adds to it
-    while the block runs (the trainer does, for each deliberate host read).
-    """
-
-    def __init__(
-        self, allowed_transfers: int = 0, allowed_compilations: int = 0, sync: bool = False
-    ) -> None:
-        self.allowed_transfers = allowed_transfers
-        self.allowed_compilations = allowed_compilations
-        self.sync = sync
-        self.start: HealthSnapshot | None = None
-        self.delta: HealthSnapshot | None = None
-
-    def __enter__(self) -> XlaGuard:
-        self.start = snapshot()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is not None:
-            self.delta = self._delta()
-            return
-        self.check()
-
-    def allow(self, transfers: int) -> None:
-        """Permit `transfers` more device-to-host reads (a deliberate host read)."""
-        self.allowed_transfers += transfers
-
-    def _delta(self) -> HealthSnapshot:
-        assert self.start is not None, "XlaGuard.check() called outside its block"
-        return snapshot().since(self.start)
-
-    def check(self) -> None:
-        """Raise XlaHealthError naming every cause seen since the block began."""
-        self.delta = self._delta()
-        problems = []
-        if self.delta.compilations > self.allowed_compilations:
-            breaks = "; ".join(self.delta.graph_breaks) or "no new graph break"
-            problems.append(
-                f"{self.delta.compilations} new graph(s) compiled after warm-up: a shape, dtype "
-                f"or Python value changed between steps ({breaks}); TORCH_LOGS=recompiles "
-                "prints each recompilation's cause"
-            )
-        if self.delta.transfers > self.allowed_transfers:
-            problems.append(
-                f"{self.delta.transfers} device-to-host read(s), {self.allowed_transfers} "
-                "allowed: a host sync (.item(), print, bool(tensor)) runs in the step"
-            )
-        if problems:
-            raise XlaHealthError("step guard: " + "; ".join(problems))
+# Plain-language findings about a run's counters (empty when healthy).
+diagnose = XlaGuard.diagnose

@@ -6,10 +6,13 @@ parallel) costs each device its local shard; a plain tensor is whole on its devi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
+
+from . import state_size
+from .state_size import describe as describe
+from .state_size import human as human
 
 
 def sharding_of(tensor: torch.Tensor) -> str:
@@ -26,32 +29,14 @@ def tensor_bytes(tensor: torch.Tensor) -> tuple[int, int]:
     return tensor.numel() * size, local.numel() * size
 
 
-def _total(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
-    whole = per_device = 0
-    for tensor in tensors:
-        all_bytes, device_bytes = tensor_bytes(tensor)
-        whole += all_bytes
-        per_device += device_bytes
-    return whole, per_device
-
-
 def state_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
     """Parameter and optimizer-state bytes, in total and per device (this process's shard)."""
-    params = _total(model.parameters())
-    state = _total(
-        value
-        for entry in (optimizer.state.values() if optimizer is not None else ())
-        for value in entry.values()
-        if torch.is_tensor(value) and value.dim()
-    )
-    return {
-        "param_bytes_total": params[0],
-        "param_bytes_per_device": params[1],
-        "optimizer_bytes_total": state[0],
-        "optimizer_bytes_per_device": state[1],
-        "state_bytes_total": params[0] + state[0],
-        "state_bytes_per_device": params[1] + state[1],
-    }
+    return state_size.state_memory(model, optimizer, tensor_bytes, _sized)
+
+
+def _sized(tensor: torch.Tensor) -> bool:
+    """Optimizer state other than scalars (a step count)."""
+    return bool(tensor.dim())
 
 
 def device_peak_bytes(device: Any) -> int | None:
@@ -63,22 +48,3 @@ def device_peak_bytes(device: Any) -> int | None:
         return int(torch.get_device_module(kind).max_memory_allocated())
     except Exception:  # a runtime without memory statistics: several exception types
         return None
-
-
-def describe(state: dict[str, int], peak: int | None = None) -> str:
-    """One line for the start-of-run report."""
-    line = (
-        f"parameters + optimizer state: {human(state['state_bytes_per_device'])} on the "
-        f"fullest device, {human(state['state_bytes_total'])} in total"
-    )
-    return line + (f"; device peak {human(peak)}" if peak is not None else "")
-
-
-def human(count: int) -> str:
-    """Bytes as KiB/MiB/GiB for the report."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1024
-    return f"{value:.1f} GiB"

@@ -14,6 +14,11 @@ import torch
 
 from . import health
 
+# Plain torch, the same on every backend (`core.portable_ops`), asked of the ops as the rest.
+from .portable_ops import prime_optimizer_state as prime_optimizer_state
+from .portable_ops import seed_host as seed_host
+from .portable_ops import to_cpu as to_cpu
+
 
 def sync() -> None:
     """Nothing to cut: every operation is already queued on the device."""
@@ -61,28 +66,6 @@ def set_rng_state(seed: int) -> None:
     module = _device_module()
     if module is not None:
         module.manual_seed(seed)
-
-
-def seed_host(seed: int) -> None:
-    """Seed Python, NumPy and torch's CPU generator."""
-    import random
-
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def to_cpu(tree: Any) -> Any:
-    """Copy a nest of device tensors to CPU."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu")
-    if isinstance(tree, dict):
-        return {key: to_cpu(value) for key, value in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(to_cpu(value) for value in tree)
-    return tree
 
 
 def initialize_compile_cache(path: str | None, readonly: bool = False) -> None:
@@ -137,40 +120,3 @@ def host_learning_rate(optimizer: torch.optim.Optimizer) -> str | None:
     a tensor learning rate under torch.compile, so none needs a host number.
     """
     return None
-
-
-# Optimizer state entries that count steps: put back to where a fresh optimizer starts.
-_COUNTERS = {"step": 0.0, "mu_product": 1.0}
-
-
-def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create the optimizer's state now: one step on zero gradients that changes nothing.
-
-    Created lazily by the first real step, the state would change the compiled step's
-    inputs between its first and second call: a second compilation. This dry step (lr and
-    weight decay 0, gradients 0) makes every buffer with the values its first real step
-    would start from; step counters are reset after it.
-    """
-    if any(optimizer.state.values()):
-        return  # restored from a checkpoint, or already primed
-    saved = [(group, group["lr"], group.get("weight_decay")) for group in optimizer.param_groups]
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    for group, _, decay in saved:
-        if not group.get("capturable"):
-            group["lr"] = 0.0
-        if decay is not None:
-            group["weight_decay"] = 0.0
-    for param in params:
-        param.grad = torch.zeros_like(param)
-    optimizer.step()
-    for param in params:
-        param.grad = None
-    for group, lr, decay in saved:
-        group["lr"] = lr
-        if decay is not None:
-            group["weight_decay"] = decay
-    for state in optimizer.state.values():
-        for key, start in _COUNTERS.items():
-            if key in state:
-                value = state[key]
-                state[key] = value.fill_(start) if torch.is_tensor(value) else type(value)(start)

@@ -13,19 +13,20 @@ step (tensors), so the schedule never recompiles it. Its outputs (the loss and m
 are each process's; they are averaged over the data-parallel processes when they are read
 (`ops.to_host`, on the logging cadence): the global batch's numbers.
 
-The class keeps the torch_xla backend's name and signature: `training/step.py` builds
-either backend's step the same way.
+The class keeps the torch_xla backend's name, and is a `CompiledStep` as that backend's is
+(`core/compiled_step.py`): `training/step.py` builds either backend's step the same way.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from .compiled_step import CompiledStep
 
 BACKEND_VARIABLE = "TORCH_COMPILE_BACKEND"
 
@@ -39,7 +40,7 @@ def compile_backend() -> str:
     return os.environ.get(BACKEND_VARIABLE) or "aot_eager"
 
 
-class ReplayedStep:
+class ReplayedStep(CompiledStep):
     """`step(inputs)`: `fn(inputs)` compiled on its first call, its graphs run after that.
 
     `state` and `host_read` are accepted for the torch_xla backend's interface; dynamo
@@ -47,24 +48,15 @@ class ReplayedStep:
     step runs eagerly (`replay_step = false`: debugging).
     """
 
-    def __init__(
-        self,
-        fn: Callable[[Any], Any],
-        state: Callable[[], list[torch.Tensor]],
-        host_read: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-        reason: str | None = None,
-    ) -> None:
-        self.fn = fn
-        self.state = state
-        self.reason = reason  # why the step runs eagerly (None: it is compiled)
-        self.reads = 0  # device reads its warm-up made (compiling reads none)
+    def _prepare(self) -> None:
         self.backend = compile_backend()
-        self.phase = "capture" if reason is None else "eager"
         self._compiled: Callable[[Any], Any] | None = None
-        if reason is None:
-            # dynamo notes, once per compiled frame, that it drops profiler ranges: noise.
-            logging.getLogger("torch._logging._internal").setLevel(logging.ERROR)
-            self._compiled = torch.compile(fn, backend=self.backend, dynamic=False)
+        if self.reason is not None:
+            self.phase = "eager"
+            return
+        # dynamo notes, once per compiled frame, that it drops profiler ranges: noise.
+        logging.getLogger("torch._logging._internal").setLevel(logging.ERROR)
+        self._compiled = torch.compile(self.fn, backend=self.backend, dynamic=False)
 
     def __call__(self, inputs: Any) -> Any:
         if self._compiled is None:

@@ -9,14 +9,13 @@ starts a device or a process group at import time.
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from . import host_exchange
 
 # How many slices the job spans and which one this worker is on (1 and 0 on one slice), as
 # the pod launcher set them: `core.multislice` says what they read.
@@ -47,8 +46,7 @@ def mesh_slice_count() -> int:
 
 def tpu_present() -> bool:
     """True when this host has TPU device files and TorchTPU is installed (nothing started)."""
-    has_devices = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
-    return has_devices and importlib.util.find_spec("torch_tpu") is not None
+    return host_exchange.has_tpu_devices() and importlib.util.find_spec("torch_tpu") is not None
 
 
 def detect_accelerator(requested: str = "auto") -> str:
@@ -154,7 +152,7 @@ def init_process_group() -> None:
     if dist.is_initialized():
         return
     backend = "tpu" if accelerator() == "tpu" else "gloo"
-    with _stdout_silenced():  # gloo prints a line per connection to stdout
+    with host_exchange.stdout_silenced():
         if launched() and _env_int("WORLD_SIZE", 1) > 1:
             dist.init_process_group(backend)
         else:
@@ -229,36 +227,14 @@ def host_group() -> Any:
     return _host_group
 
 
-@contextlib.contextmanager
-def _stdout_silenced() -> Iterator[None]:
-    """Send what native code writes to file descriptor 1 to /dev/null for a moment."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with open(os.devnull, "w") as sink:
-        os.dup2(sink.fileno(), 1)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-
-
 def host_all_reduce_max(value: int) -> int:
     """The largest of every process's `value` (a host-to-host exchange, no device work)."""
-    import torch
-    import torch.distributed as dist
-
-    group = host_group()
-    tensor = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
-    return int(tensor.item())
+    return host_exchange.all_reduce_max(value, host_group())
 
 
 def host_barrier() -> None:
     """Wait for every process of the job (host side)."""
-    import torch.distributed as dist
-
-    dist.barrier(group=host_group())
+    host_exchange.barrier(host_group())
 
 
 # The processes that read different data (a tensor-parallel group reads one batch), as the

@@ -12,9 +12,9 @@ from .. import runtime
 from ..runtime import RuntimeConfigError
 from ..sharding import parse_mesh
 from .base import CPU_EMULATED_DEVICES, SingleDevice, Strategy
-from .blocks import blocks_of
 from .ddp import DataParallelProcesses
 from .fsdp import FullyShardedDataParallel
+from .interface import blocks_of
 
 __all__ = [
     "CHOICES",

@@ -1,21 +1,14 @@
-"""A model's repeated blocks: found, recomputed in the backward pass, and the ties checked
-once a strategy has wrapped or sharded them."""
+"""A model's repeated blocks recomputed in the backward pass, and the ties checked once a
+strategy has wrapped or sharded them."""
 
 from __future__ import annotations
 
 from torch import nn
 
 from .. import tying
-from ..runtime import RuntimeConfigError
+from .interface import blocks_to_recompute
 
 CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
-
-
-def blocks_of(model: nn.Module, block_class: type[nn.Module] | None) -> list[nn.Module]:
-    """The model's repeated blocks (instances of `block_class`), outermost first."""
-    if block_class is None:
-        return []
-    return [m for m in model.modules() if isinstance(m, block_class) and m is not model]
 
 
 def checkpoint_blocks(model: nn.Module, block_class: type[nn.Module] | None) -> int:
@@ -24,12 +17,7 @@ def checkpoint_blocks(model: nn.Module, block_class: type[nn.Module] | None) -> 
         apply_activation_checkpointing,
     )
 
-    blocks = blocks_of(model, block_class)
-    if not blocks:
-        raise RuntimeConfigError(
-            "activation_checkpointing needs the task to name its repeated block "
-            "(block_class), or a model built from a BlockStack"
-        )
+    blocks = blocks_to_recompute(model, block_class)
     wanted = {id(block) for block in blocks}
     apply_activation_checkpointing(model, check_fn=lambda module: id(module) in wanted)
     return len(blocks)

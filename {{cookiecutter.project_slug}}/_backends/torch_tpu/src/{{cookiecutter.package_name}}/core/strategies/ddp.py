@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from .. import runtime, tying
+from .. import tying
 from ..sharding import Rule
 from .base import ProcessPerDevice
-from .blocks import check_after, checkpoint_blocks
+from .blocks import check_after
 
 DDP_PREFIX = "module."
 
@@ -29,9 +29,7 @@ class DataParallelProcesses(ProcessPerDevice):
         rules: Sequence[Rule] = (),
     ) -> tuple[nn.Module, tying.TieReport]:
         """Move the model, keep its ties, wrap it in DDP (which reduces the gradients)."""
-        report = tying.move_and_retie(model, runtime.device())
-        if activation_checkpointing:
-            checkpoint_blocks(model, block_class)
+        report = self.move(model, block_class, activation_checkpointing)
         if self.processes() == 1:
             return model, report
         from torch.nn.parallel import DistributedDataParallel

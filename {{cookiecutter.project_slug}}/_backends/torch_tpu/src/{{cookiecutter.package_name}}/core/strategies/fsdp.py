@@ -23,76 +23,44 @@ from .. import runtime, tying
 from ..runtime import RuntimeConfigError
 from ..sharding import (
     BATCH_AXES,
-    MeshShape,
     Rule,
     Spec,
-    layout,
-    mesh_devices,
-    mesh_text,
-    parse_mesh,
+    check_mesh_size,
+    model_layout,
 )
+from . import interface
 from .base import ProcessPerDevice
-from .blocks import blocks_of, check_after, checkpoint_blocks
+from .blocks import check_after
+from .interface import blocks_of
 
 AXES = ("data", "fsdp", "tensor")
 
 
-class FullyShardedDataParallel(ProcessPerDevice):
+class FullyShardedDataParallel(interface.OnMesh, ProcessPerDevice):
     """FSDP2 (and HSDP, and tensor parallelism) over a device mesh of the job's processes."""
 
     name = "fsdp"
-    lays_out_parameters = True
 
     def __init__(
         self, accelerator: str, devices: int | None, core: int | None = None, mesh: str = ""
     ) -> None:
-        super().__init__(accelerator, devices, core)
-        self.mesh_request = parse_mesh(mesh)
-        self._mesh: Any = None
+        super().__init__(accelerator, devices, core, mesh)
         self._groups: dict[int, Any] = {}  # tensor coordinate -> its data-parallel group
 
-    @classmethod
-    def create(
-        cls, accelerator: str, devices: int | None, core: int | None = None, mesh: str = ""
-    ) -> ProcessPerDevice:
-        if core is not None:
-            raise RuntimeConfigError("one core id runs one device: use --strategy single")
-        strategy = cls(accelerator, devices, None, mesh)
-        axes = dict(strategy.mesh_request)
-        other = sorted(set(axes) - set(AXES))
+    def check_mesh(self) -> None:
+        other = sorted(set(dict(self.mesh_request)) - set(AXES))
         if other:
             raise RuntimeConfigError(
                 f"mesh axis {other[0]!r} is not offered by the torch_tpu backend: use "
                 f"{', '.join(AXES)}"
             )
-        if axes and "fsdp" not in axes:
-            raise RuntimeConfigError(
-                f"strategy 'fsdp' needs a 'fsdp' axis in its mesh, got "
-                f"{mesh_text(strategy.mesh_request)!r}"
-            )
-        if accelerator == "cpu" and devices is not None and not runtime.launched():
-            strategy.check_mesh_size(devices)  # one host: known before anything starts
-        return strategy
-
-    def identity(self) -> tuple[Any, ...]:
-        return (*super().identity(), self.mesh_request)
+        super().check_mesh()
+        if self.accelerator == "cpu" and self.devices is not None and not runtime.launched():
+            check_mesh_size(self.mesh_request, self.devices)  # one host: known now
 
     def start(self) -> None:
         super().start()
-        self.check_mesh_size(runtime.world_size())
-
-    def check_mesh_size(self, devices: int) -> None:
-        """Refuse a mesh whose size is not the job's device count."""
-        size = mesh_devices(self.mesh_request)
-        if self.mesh_request and size != devices:
-            raise RuntimeConfigError(
-                f"mesh {mesh_text(self.mesh_request)!r} has {size} devices but the job has "
-                f"{devices}: make the axis sizes multiply to {devices}"
-            )
-
-    def mesh_shape(self) -> MeshShape:
-        """The mesh in use: the request, or every process on the `fsdp` axis."""
-        return self.mesh_request or (("fsdp", runtime.world_size()),)
+        check_mesh_size(self.mesh_request, runtime.world_size())
 
     def mesh(self) -> Any:
         """The DeviceMesh of the job's processes (the `tpu` or `cpu` device type)."""
@@ -107,14 +75,8 @@ class FullyShardedDataParallel(ProcessPerDevice):
             )
         return self._mesh
 
-    def mesh_axes(self) -> dict[str, int]:
-        return dict(self.mesh_shape())
-
     def tensor_size(self) -> int:
         return self.mesh_axes().get("tensor", 1)
-
-    def describe(self) -> str:
-        return f"{super().describe()}, mesh {mesh_text(self.mesh_shape())}"
 
     # ---- data -----------------------------------------------------------------------
     def data_layout(self) -> tuple[int, int]:
@@ -139,7 +101,7 @@ class FullyShardedDataParallel(ProcessPerDevice):
         if self.tensor_size() > 1:
             self._parallelize(model, blocks_of(model, block_class), specs)
         if activation_checkpointing:
-            checkpoint_blocks(model, block_class)
+            self.recompute_blocks(model, block_class)
         data_axes = tuple(axis for axis, _ in self.mesh_shape() if axis in BATCH_AXES)
         mesh = self.mesh()[data_axes] if len(self.mesh_shape()) > 1 else self.mesh()
         for block in blocks_of(model, block_class):
@@ -229,11 +191,6 @@ def _has_tensor(entry: Any) -> bool:
 
 def _specs(model: nn.Module, rules: Sequence[Rule], mesh: dict[str, int]) -> dict[str, Spec]:
     """Each parameter's layout by the rules (every one of its names, for tied ones)."""
-    names: dict[int, list[str]] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(name)
-        shapes.setdefault(names[id(param)][0], tuple(param.shape))
-    by_name = {found[0]: found for found in names.values()}
-    specs = layout(by_name, shapes, rules, mesh)
-    return {name: specs[found[0]] for found in names.values() for name in found}
+    specs = model_layout(model, rules, mesh)
+    named = model.named_parameters(remove_duplicate=False)
+    return {name: specs[id(param)] for name, param in named}

@@ -33,13 +33,13 @@ def _slice(accelerator_type: str) -> tuple[tpu_generations.Generation, int]:
 
 
 def topology(accelerator_type: str) -> Topology:
-    """Return the host/device layout of an accelerator type (`v4-8`, `v5p-16`, ...)."""
+    """Return the host/device layout of an accelerator type (`v3-8`, `v5p-16`, ...)."""
     generation, size = _slice(accelerator_type)
     return Topology(generation.hosts(size), generation.devices_per_host(size))
 
 
 def devices_per_host(accelerator_type: str) -> int:
-    """Devices on each host of the slice: the processes torchrun starts there."""
+    """Devices on each host of the slice (8 on v3-8, 4 on v4-8 and v5p-16)."""
     return topology(accelerator_type).devices_per_host
 
 
@@ -49,10 +49,12 @@ def peak_bf16_flops_per_chip(accelerator_type: str) -> float:
 
 
 def devices_per_chip(accelerator_type: str) -> int:
+    """Devices one chip shows (2 on v2/v3, whose TensorCores are separate devices)."""
     return _slice(accelerator_type)[0].devices_per_chip
 
 
-# What this project was made for; TPU_ACCELERATOR_TYPE (set on TPU VMs) wins.
+# What this project was made for; TPU_ACCELERATOR_TYPE (set on TPU VMs) wins, and the
+# runtime may ask the VM's metadata too.
 BAKED_ACCELERATOR_TYPE = "{{ cookiecutter.accelerator_type }}"
 
 
@@ -61,6 +63,8 @@ def accelerator_type() -> str:
     return os.environ.get("TPU_ACCELERATOR_TYPE") or BAKED_ACCELERATOR_TYPE
 
 
+# Where `compile_cache = "auto"` keeps compiled graphs on a TPU VM, shared by every run on
+# the host: the folder the startup script makes, else one in the user's home.
 SHARED_CACHE_DIRS = (
     "/var/cache/{{ cookiecutter.project_slug }}/xla",
     "~/.cache/{{ cookiecutter.project_slug }}/xla",
@@ -70,7 +74,12 @@ SHARED_CACHE_DIRS = (
 def compile_cache_dir(
     setting: str, accelerator: str, candidates: tuple[str, ...] = SHARED_CACHE_DIRS
 ) -> str | None:
-    """The persistent compilation cache of a run: a path, or None (`auto` is on for TPU)."""
+    """The persistent compilation cache of a run: a path, or None for none.
+
+    `auto` is on for TPU (the first writable shared folder) and off on the CPU, which
+    cannot reuse compiled graphs from disk; `off` or empty turns it off; anything else
+    is the folder to use.
+    """
     if setting in ("", "off"):
         return None
     if setting != "auto":
