@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -41,11 +42,14 @@ class WeightedTask:
         return {**metrics, WEIGHT: batch["count"]} if self.weighted else metrics
 
 
-def evaluate(weighted: bool, tmp_path: Path, device: object) -> float:
+def evaluator_of(weighted: bool, tmp_path: Path, **settings: int) -> Evaluator:
     plan = make_plan("cpu", 1, "single")
-    config = TrainConfig(accelerator="cpu", eval_batch_size=2, run_dir=str(tmp_path))
-    task = WeightedTask(weighted)
-    evaluator = Evaluator(task, plan.strategy, Precision.from_name("32-true"), config)  # type: ignore[arg-type]
+    config = TrainConfig(accelerator="cpu", run_dir=str(tmp_path), **settings)  # type: ignore[arg-type]
+    return Evaluator(WeightedTask(weighted), plan.strategy, Precision.from_name("32-true"), config)  # type: ignore[arg-type]
+
+
+def evaluate(weighted: bool, tmp_path: Path, device: object, eval_batch_size: int = 2) -> float:
+    evaluator = evaluator_of(weighted, tmp_path, eval_batch_size=eval_batch_size)
     model = nn.Linear(1, 1).to(device)  # type: ignore[arg-type]
     return evaluator(model)["loss"]
 
@@ -55,3 +59,18 @@ def test_eval_means_are_weighted_by_the_tasks_weight(tmp_path: Path, xla_device:
     weighted = sum(v * c for v, c in zip(VALUES, COUNTS, strict=True)) / sum(COUNTS)
     assert abs(evaluate(True, tmp_path, xla_device) - weighted) < 1e-5
     assert abs(evaluate(False, tmp_path, xla_device) - sum(VALUES) / len(VALUES)) < 1e-5
+
+
+def test_eval_batch_defaults_to_the_training_batch_and_never_outgrows_the_split(
+    tmp_path: Path, xla_device: object
+) -> None:
+    """It evaluates at the training batch_size by default, capped at what the split fills
+    (5 samples: one batch of 5, not 32 padded ones), with the same means."""
+    assert evaluator_of(False, tmp_path, batch_size=4).batch_size == 4
+    capped = evaluator_of(False, tmp_path, batch_size=32)
+    assert capped.batch_size == capped.global_batch == len(VALUES)
+    assert evaluator_of(False, tmp_path, batch_size=4, eval_batch_size=64).batch_size == 5
+    for weighted in (True, False):
+        assert evaluate(weighted, tmp_path, xla_device, 64) == pytest.approx(
+            evaluate(weighted, tmp_path, xla_device, 2), abs=1e-6
+        )

@@ -83,7 +83,10 @@ def test_plan_runs_without_starting_torch_xla(tmp_path: Path) -> None:
     assert report["mesh"] == "fsdp=8" and report["devices"] == 8
     assert report["global_batch"] == 8 * TINY["batch_size"]
     state = part["param_bytes"] + part["gradient_bytes"] + part["optimizer_bytes"]
-    assert part["total_bytes"] == state + part["gathered_bytes"] + part["activation_bytes"]
+    # The larger of a training step's activations and an evaluation's (its batch: 16/device).
+    activations = max(part["activation_bytes"], part["eval_activation_bytes"])
+    assert part["eval_activation_bytes"] > 0
+    assert part["total_bytes"] == state + part["gathered_bytes"] + activations
     assert report["usable_bytes_per_device"] == int(16 * 2**30 * 0.9)  # v5e: 16 GiB per chip
     assert report["fits"] == {"without_checkpointing": True, "with_checkpointing": True}
 
@@ -166,13 +169,14 @@ def test_tensor_axis_splits_what_column_split_layers_produce() -> None:
     task = ToyTask(lambda: MegatronMlp(dim), sharding_rules=MEGATRON_RULES)
     planner = Planner(toy_workload(task, dim))
 
-    estimate = planner.estimate((("tensor", 2),), global_batch=samples)
+    estimate = planner.estimate((("tensor", 2),), BatchSize(global_batch=samples))
 
     fp32 = 4
     whole = samples * dim * fp32 * 2  # up's input, and down's output (the loss squares it)
     split = samples * 4 * dim * fp32 * 2  # gelu's input, down's input: half on each device
     assert estimate.activations == whole + split // 2
-    assert planner.estimate((("fsdp", 1),), global_batch=samples).activations == whole + split
+    unsplit = planner.estimate((("fsdp", 1),), BatchSize(global_batch=samples))
+    assert unsplit.activations == whole + split
 
 
 def test_bf16_mixed_saves_bf16_copies_as_xla_autocast_makes_them() -> None:
@@ -181,7 +185,7 @@ def test_bf16_mixed_saves_bf16_copies_as_xla_autocast_makes_them() -> None:
     task = ToyTask(lambda: MegatronMlp(dim), sharding_rules=MEGATRON_RULES)
     planner = Planner(toy_workload(task, dim, precision="bf16-mixed"))
 
-    estimate = planner.estimate((("tensor", 2),), global_batch=samples)
+    estimate = planner.estimate((("tensor", 2),), BatchSize(global_batch=samples))
 
     bf16 = 2
     whole = samples * dim * bf16 * 2  # up's bf16 input, down's bf16 output
@@ -199,7 +203,7 @@ def test_checkpointing_keeps_block_inputs_and_one_recomputed_block() -> None:
     task = ToyTask(lambda: Stack(dim, layers), block_class=TanhBlock)
     planner = Planner(toy_workload(task, dim))
 
-    estimate = planner.estimate((("fsdp", 1),), global_batch=samples)
+    estimate = planner.estimate((("fsdp", 1),), BatchSize(global_batch=samples))
 
     one = samples * dim * 4  # one [samples, dim] fp32 activation
     assert estimate.activations == (layers + 1) * one  # every block's input, the last output
@@ -214,7 +218,7 @@ def test_activations_grow_linearly_with_the_batch(samples: int) -> None:
     workload = from_task(build_config(None, {**options, "precision": "32-true"}))
     planner = Planner(workload)
 
-    estimate = planner.estimate((("fsdp", 1),), global_batch=samples)
+    estimate = planner.estimate((("fsdp", 1),), BatchSize(global_batch=samples))
 
     recorded = record(workload, samples, {}, autocast=False).kept
     assert estimate.activations == recorded.whole + recorded.split
@@ -227,7 +231,7 @@ def test_smallest_slice_is_the_fewest_devices_that_fit() -> None:
     planner = Planner(toy_workload(task, dim))
     generation = tpu_generations.generations()["v5litepod"]
     batch = BatchSize(per_device=2)
-    usable = planner.estimate((("fsdp", 1),), batch.of(1)).total(False) // 3
+    usable = planner.estimate((("fsdp", 1),), batch).total(False) // 3
 
     found = planner.smallest(generation, batch, False, usable)
 
@@ -240,7 +244,7 @@ def test_smallest_slice_is_the_fewest_devices_that_fit() -> None:
     for devices in map(generation.devices, smaller):
         for tensor in (t for t in (1, 2, 4, 8) if devices % t == 0):
             mesh = (("fsdp", devices // tensor), ("tensor", tensor))
-            assert planner.estimate(mesh, batch.of(devices)).total(False) > usable, mesh
+            assert planner.estimate(mesh, batch).total(False) > usable, mesh
 
 
 def test_plan_prints_a_table_and_a_verdict(tmp_path: Path) -> None:

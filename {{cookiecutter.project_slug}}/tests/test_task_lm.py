@@ -112,6 +112,28 @@ def planned_activations(folder: Path, mesh: str, accelerator: str) -> int:
 
 
 @pytest.mark.slow
+def test_long_sequence_evaluation_fits_where_its_training_does(tmp_path: Path) -> None:
+    """It evaluates seq_len 2048 on context=4,fsdp=2 with the default eval settings at the
+    training batch, never padded past the split: the run's host peak stays within 1.5x of
+    its training steps' peak (XLA:CPU keeps the devices' buffers in host memory)."""
+    data = tmp_path / "prepared"
+    corpus = short_documents_jsonl(tmp_path, count=1200)
+    settings = Settings(LONG["seq_len"], eval_fraction=0.2)
+    prepare([str(corpus)], str(data), Tokenizer(None), 256, settings)
+    config = write_config(tmp_path, task="lm", task_options=LONG, eval_batch_size=0,
+                          max_steps=3, log_every=1, data=str(data))  # fmt: skip
+    run = tmp_path / "run"
+    done = cli("train", "--config", str(config), "--run-dir", str(run), *MESHES["context=4,fsdp=2"])
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    summary = json.loads((run / "summary.json").read_text())
+    assert "global batch 2 (1 per device of the data axes), eval batch 2" in done.stdout
+    assert summary["status"] == "completed" and summary["eval"]["loss"] > 0
+    memory = summary["memory"]
+    assert memory["host_peak_bytes"] <= 1.5 * memory["host_peak_bytes_training"], memory
+
+
+@pytest.mark.slow
 def test_context_axis_trains_long_sequences_like_one_device_on_a_share_of_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

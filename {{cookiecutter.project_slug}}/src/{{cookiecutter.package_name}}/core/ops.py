@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -87,7 +87,12 @@ def wait() -> None:
     xm.wait_device_ops()
 
 
-def clip_grad_norm_(parameters: Any, max_norm: float) -> torch.Tensor:
+def backward(loss: torch.Tensor) -> None:
+    """`loss.backward()`: traced into the step's graph like the rest."""
+    loss.backward()
+
+
+def clip_grad_norm_(parameters: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
     """Scale the gradients so that their global norm is at most `max_norm`."""
     return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 

@@ -135,7 +135,7 @@ def _check_model_source(request: Request) -> None:
 
 def make_plan(request: Request) -> Any:
     """Check every input, then build the model and estimate (errors: ValueError subclasses)."""
-    from ..core.sharding import SEQUENCE_AXIS, parse_mesh
+    from ..core.sharding import parse_mesh
     from ..training.config import build_config, parse_override
     from .estimate import Accelerator, BatchSize, PlanError, Planner, check_batch, check_mesh
     from .report import Plan
@@ -167,9 +167,8 @@ def make_plan(request: Request) -> Any:
         )
     shape = parse_mesh(request.mesh or cfg.mesh) or (("fsdp", accelerator.devices),)
     check_mesh(shape, accelerator)
-    batch = BatchSize(per_device=cfg.batch_size, global_batch=request.global_batch)
-    context = dict(shape).get(SEQUENCE_AXIS, 1)
-    check_batch(shape, batch.of(accelerator.devices, context))
+    batch = BatchSize(cfg.batch_size, request.global_batch, cfg.eval_batch_size or None)
+    check_batch(shape, batch.of(shape))
 
     seq_len = request.seq_len or 0
     with _torch_xla_unused():
@@ -180,7 +179,7 @@ def make_plan(request: Request) -> Any:
         else:
             workload = from_task(cfg)
         planner = Planner(workload)
-        estimate = planner.estimate(shape, batch.of(accelerator.devices, context))
+        estimate = planner.estimate(shape, batch)
         usable = accelerator.hbm_bytes_per_device * (1 - request.margin)
         smallest = {
             checkpointed: planner.smallest(accelerator.generation, batch, checkpointed, usable)

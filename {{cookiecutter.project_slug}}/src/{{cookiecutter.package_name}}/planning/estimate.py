@@ -61,14 +61,27 @@ class Accelerator:
 
 @dataclass(frozen=True)
 class BatchSize:
-    """The batch as `train` takes it: per device (global = per device x devices, the devices
-    of a `context` group sharing their samples), or global."""
+    """The batch as `train` takes it: per device of the data axes (data, fsdp, expert; the
+    devices of a `tensor` or `context` group share their samples), or global; and
+    evaluation's per device (None: the training batch's)."""
 
     per_device: int | None = None
     global_batch: int | None = None
+    eval_per_device: int | None = None
 
-    def of(self, devices: int, context: int = 1) -> int:
-        return self.global_batch or (self.per_device or 1) * max(1, devices // context)
+    def of(self, mesh: MeshShape) -> int:
+        return self.global_batch or (self.per_device or 1) * batch_shards(mesh)
+
+    def eval_of(self, mesh: MeshShape) -> int:
+        """Evaluation's global batch: its batch_size per batch shard, else the training's."""
+        if self.eval_per_device:
+            return self.eval_per_device * batch_shards(mesh)
+        return self.of(mesh)
+
+
+def batch_shards(mesh: MeshShape) -> int:
+    """How many ways a batch is split: the product of the mesh's batch axes."""
+    return math.prod(size for axis, size in mesh if axis in BATCH_AXES)
 
 
 @dataclass(frozen=True)
@@ -84,10 +97,19 @@ class Estimate:
     gathered: int  # fsdp: one block's weights gathered whole, and their gradients
     activations: int
     activations_checkpointed: int
+    eval_samples_per_shard: int = 0
+    # Evaluation's forward pass, without gradients: what lives outside the blocks and one
+    # block at a time, at the eval batch (it runs after a step, when no activation is kept).
+    eval_activations: int = 0
+
+    def peak_activations(self, checkpointed: bool) -> int:
+        """The larger of a training step's activations and an evaluation's."""
+        training = self.activations_checkpointed if checkpointed else self.activations
+        return max(training, self.eval_activations)
 
     def total(self, checkpointed: bool) -> int:
         state = self.parameters + self.gradients + self.optimizer + self.gathered
-        return state + (self.activations_checkpointed if checkpointed else self.activations)
+        return state + self.peak_activations(checkpointed)
 
 
 def check_mesh(mesh: MeshShape, accelerator: Accelerator) -> None:
@@ -110,7 +132,7 @@ def check_mesh(mesh: MeshShape, accelerator: Accelerator) -> None:
 
 def check_batch(mesh: MeshShape, global_batch: int) -> int:
     """The samples on each device: the batch split over the batch axes (data, fsdp, expert)."""
-    shards = math.prod(size for axis, size in mesh if axis in BATCH_AXES)
+    shards = batch_shards(mesh)
     if global_batch % shards:
         raise PlanError(
             f"a global batch of {global_batch} does not split into the {shards} batch shards "
@@ -129,9 +151,10 @@ class Planner:
         self.autocast = workload.config.precision == "bf16-mixed"
         self._recordings: dict[tuple[frozenset[tuple[int, bool]], int], Recording] = {}
 
-    def estimate(self, mesh: MeshShape, global_batch: int) -> Estimate:
+    def estimate(self, mesh: MeshShape, batch: BatchSize) -> Estimate:
         """Per-device bytes on `mesh` (RuntimeConfigError or ValueError: the mesh does not
         suit the model; PlanError: the batch does not split over it)."""
+        global_batch = batch.of(mesh)
         axes = dict(mesh)
         specs = self.workload.rules_layout(axes)
         params = self.workload.parameters
@@ -153,6 +176,7 @@ class Planner:
             return _per_device(one, two, samples, tensor, held, context)
 
         recomputed = (at(one, two) for one, two in zip(first.blocks, second.blocks, strict=True))
+        eval_samples = check_batch(mesh, batch.eval_of(mesh))
         return Estimate(
             mesh=mesh,
             global_batch=global_batch,
@@ -168,7 +192,26 @@ class Planner:
             + max(recomputed, default=0)
             if first.blocks
             else at(first.kept, second.kept),
+            eval_samples_per_shard=eval_samples,
+            eval_activations=self._eval_activations(specs, eval_samples, tensor, held, context),
         )
+
+    def _eval_activations(
+        self, specs: list[Spec], samples: int, tensor: int, held: Callable[[int, int], int],
+        context: int,
+    ) -> int:  # fmt: skip
+        """Bytes of an evaluation forward at `samples` per device: without autograd nothing
+        is kept for a backward pass, so what lives outside the blocks plus the largest
+        block's working set (what training with checkpointing recomputes), at once."""
+        first, second = self._recorded(specs, samples)
+
+        def at(one: Saved, two: Saved) -> int:
+            return _per_device(one, two, samples, tensor, held, context)
+
+        if not first.blocks:
+            return at(first.kept, second.kept)
+        blocks = (at(one, two) for one, two in zip(first.blocks, second.blocks, strict=True))
+        return at(first.outside, second.outside) + max(blocks)
 
     def _recorded(self, specs: list[Spec], samples: int) -> tuple[Recording, Recording]:
         """Two recordings to extend linearly to `samples` (the same one twice for one sample),
@@ -239,7 +282,7 @@ class Planner:
                 mesh += (("tensor", tensor),) if tensor > 1 else ()
                 mesh = tuple((axis, n) for axis, n in mesh if n > 1) or (("fsdp", 1),)
                 try:
-                    estimate = self.estimate(mesh, batch.of(devices, context))
+                    estimate = self.estimate(mesh, batch)
                 except ValueError:  # the model or the batch does not split this way
                     continue
                 if estimate.total(checkpointed) <= usable:

@@ -48,12 +48,8 @@ class Plan:
         if self.fits(checkpointed):
             return None
         estimate = self.estimate
-        state = estimate.total(checkpointed) - _activations(estimate, checkpointed)
-        return "context" if _activations(estimate, checkpointed) > state else "fsdp"
-
-
-def _activations(estimate: Estimate, checkpointed: bool) -> int:
-    return estimate.activations_checkpointed if checkpointed else estimate.activations
+        activations = estimate.peak_activations(checkpointed)
+        return "context" if activations > estimate.total(checkpointed) - activations else "fsdp"
 
 
 def as_json(plan: Plan) -> dict[str, Any]:
@@ -110,6 +106,7 @@ def per_device(estimate: Estimate) -> dict[str, int]:
         "gathered_bytes": estimate.gathered,
         "activation_bytes": estimate.activations,
         "activation_bytes_checkpointed": estimate.activations_checkpointed,
+        "eval_activation_bytes": estimate.eval_activations,
         "total_bytes": estimate.total(False),
         "total_bytes_checkpointed": estimate.total(True),
     }
@@ -126,7 +123,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     )
     console.print(
         f"{plan.precision}, {plan.optimizer}{tokens}; global batch {estimate.global_batch}, "
-        f"{estimate.samples_per_shard} sample(s) per device",
+        f"{estimate.samples_per_shard} sample(s) per device of the data axes; "
+        f"evaluation {estimate.eval_samples_per_shard}",
         markup=False,
         highlight=False,
         soft_wrap=True,
@@ -145,6 +143,7 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
         ("optimizer state", estimate.optimizer, estimate.optimizer),
         ("fsdp gathered block", estimate.gathered, estimate.gathered),
         ("activations (model)", estimate.activations, estimate.activations_checkpointed),
+        ("evaluation forward", estimate.eval_activations, estimate.eval_activations),
     ]
     for name, plain, checkpointed in rows:
         table.add_row(name, human(plain), human(checkpointed))

@@ -34,8 +34,10 @@ class TrainConfig:
     precision: str = "{{ cookiecutter.precision }}"
     max_epochs: int = 3
     max_steps: int = -1
-    batch_size: int = 32
-    eval_batch_size: int = 64
+    batch_size: int = 32  # samples per device of the data axes (data, fsdp, expert)
+    # Evaluation's batch_size; 0: the training batch_size (evaluation fits where training
+    # does). Never more than the eval split needs: a small split is not padded to it.
+    eval_batch_size: int = 0
     optimizer: str = "adamw"
     lr: float = 3e-3
     weight_decay: float = 0.01
@@ -79,11 +81,12 @@ class TrainConfig:
         """Raise ConfigError for values no run can use."""
         from ..core.precision import Precision
 
-        positive = ("batch_size", "eval_batch_size", "grad_accum", "keep_checkpoints")
+        positive = ("batch_size", "grad_accum", "keep_checkpoints")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}")
         non_negative = (
+            "eval_batch_size",
             "max_epochs",
             "warmup_steps",
             "eval_every",

@@ -23,7 +23,7 @@ def training_data(
     """
     dataset = task.train_dataset()
     replicas, rank = strategy.data_layout()
-    per_process = config.batch_size * strategy.local_devices()
+    per_process = config.batch_size * strategy.local_batch_shards()
     streaming = isinstance(dataset, IterableDataset)
     if streaming and config.max_steps < 1:
         raise ConfigError(

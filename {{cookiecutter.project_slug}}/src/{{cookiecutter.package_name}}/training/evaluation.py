@@ -43,14 +43,15 @@ class Evaluator:
         self.host_read = host_read
         self.documents = config.document_masking
         replicas, rank = strategy.data_layout()
+        dataset = task.eval_dataset()
+        shards = strategy.local_batch_shards()
+        samples = len(dataset)  # type: ignore[arg-type]
+        self.batch_size = eval_batch_size(config, samples, replicas * shards)
         loader = eval_dataloader(
-            task.eval_dataset(),
-            config.eval_batch_size * strategy.local_devices(),
-            replicas,
-            rank,
-            num_workers=config.num_workers,
+            dataset, self.batch_size * shards, replicas, rank, num_workers=config.num_workers
         )
         self.feeder = DeviceFeeder(loader, strategy)
+        self.global_batch = self.batch_size * shards * replicas
         self.runs = 0
 
     def __call__(self, model: nn.Module) -> dict[str, float]:
@@ -107,6 +108,13 @@ class Evaluator:
         sums = {key: (value.float() * valid).sum() for key, value in per_sample.items()}
         sums[SAMPLES] = valid.sum()
         return sums
+
+
+def eval_batch_size(config: TrainConfig, samples: int, shards: int) -> int:
+    """Samples per batch shard of evaluation: `eval_batch_size` (0: the training
+    `batch_size`), but no more than the split fills: its batch is never padded past it."""
+    wanted = config.eval_batch_size or config.batch_size
+    return max(1, min(wanted, -(-samples // shards)))
 
 
 def evaluate_checkpoint(config: TrainConfig, plan: Plan, path: str) -> dict[str, float]:

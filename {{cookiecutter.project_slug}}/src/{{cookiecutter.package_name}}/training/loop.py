@@ -23,7 +23,7 @@ from .reporting import Reporter
 from .state import Progress
 from .step import TrainStep
 from .throughput import Meter, Peak, count_flops, throughput_line
-from .watch import Preemption, RunWatch
+from .watch import Preemption, RunWatch, host_peak_bytes
 
 
 def due(every: int, step: int) -> bool:
@@ -89,7 +89,7 @@ def fit(
     )
     step = TrainStep(task, model, optimizer, scheduler, strategy, precision, cfg, watch.host_read)
     replicas = strategy.data_layout()[0]
-    global_batch = cfg.batch_size * strategy.local_devices() * replicas
+    global_batch = cfg.batch_size * strategy.local_batch_shards() * replicas
     flops = count_flops(task, train_feeder.sample)  # of one process's batch
     meter = Meter(
         global_batch * cfg.grad_accum,
@@ -98,7 +98,11 @@ def fit(
         Peak.of_job(plan.accelerator),
     )
     state_bytes = memory.state_memory(model, optimizer)
-    reporter.line(f"{strategy.describe()}; global batch {global_batch}, {precision.name}")
+    reporter.line(
+        f"{strategy.describe()}; global batch {global_batch} "
+        f"({cfg.batch_size} per device of the data axes), eval batch {evaluate.global_batch}, "
+        f"{precision.name}"
+    )
     reporter.line(ties.describe())
     parameters = parameter_counts(model)
     reporter.line(describe_parameters(parameters))
@@ -234,7 +238,14 @@ def fit(
             "traced_because": step.reason,
             "warmup_reads": step.replayed.reads,
         },
-        "memory": {**state_bytes, "device_peak_bytes": memory.device_peak_bytes(runtime.device())},
+        "memory": {
+            **state_bytes,
+            "device_peak_bytes": memory.device_peak_bytes(runtime.device()),
+            # The host's peak by the end of the training steps, and by the end of the run
+            # (the closing evaluation and save): the second should not tower over the first.
+            "host_peak_bytes_training": watch.host_peak_in_loop,
+            "host_peak_bytes": host_peak_bytes(),
+        },
         "run_dir": str(cfg.run_dir),
     }
     summary["records"] = clock.finished(status, progress.step)

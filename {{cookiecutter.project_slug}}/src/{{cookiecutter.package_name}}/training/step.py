@@ -43,6 +43,7 @@ class TrainStep:
         self.scheduler, self.strategy = scheduler, strategy
         self.precision, self.config = precision, config
         self.metrics: dict[str, torch.Tensor] = {}
+        self.parameters = list(model.parameters())  # a list: dynamo iterates no generator
         reason = None if config.replay_step else "replay_step = false"
         self.replayed = ReplayedStep(
             self._step, self._state, host_read, reason or ops.host_learning_rate(optimizer)
@@ -74,11 +75,11 @@ class TrainStep:
             with self.precision.forward_context():
                 loss = self.task.loss(self.model, batch)
             numbers.append(train_metrics(self.task, self.model))
-            (loss / accum if accum > 1 else loss).backward()  # `/ 1` would be a graph node
+            ops.backward(loss / accum if accum > 1 else loss)  # `/ 1` would be a graph node
             losses.append(loss.detach().float())
         self.strategy.reduce_gradients(self.optimizer)
         if self.config.grad_clip:  # after the cross-replica reduction
-            ops.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            ops.clip_grad_norm_(self.parameters, self.config.grad_clip)
         with device_rates(self.optimizer, rates):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -37,6 +37,7 @@ class RunWatch:
         self.deliberate = 0  # transfers made inside host_read() since the loop started
         self.loop_reads: int | None = None  # those of the loop alone, once it has ended
         self.loop: health.HealthSnapshot | None = None
+        self.host_peak_in_loop = 0  # the process's peak resident bytes when the loop ended
 
     @contextlib.contextmanager
     def host_read(self, possible: bool = True) -> Iterator[None]:
@@ -97,6 +98,7 @@ class RunWatch:
         """Close the loop's window: its counters, and the guard's verdict."""
         self.loop = health.snapshot().since(self.start)
         self.loop_reads = self.deliberate
+        self.host_peak_in_loop = host_peak_bytes()
         guard = self.guard
         if guard is not None:
             guard.check()
@@ -176,3 +178,12 @@ class Preemption:
 
     def _request(self, signum: int, frame: Any) -> None:
         self.requested = True
+
+
+def host_peak_bytes() -> int:
+    """This process's peak resident memory so far (on XLA:CPU the devices' buffers too)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS: bytes; else KiB

@@ -113,8 +113,13 @@ class Strategy:
         """(replicas, rank) the training data is sharded over."""
         return 1, 0
 
-    def local_devices(self) -> int:
-        """Devices one process feeds: the per-process batch is this x the per-device batch."""
+    def local_batch_shards(self) -> int:
+        """Batch shards one process feeds: its batch is this x `batch_size`.
+
+        `batch_size` is the samples of one device of the data axes (data, fsdp, expert):
+        the devices of a `tensor` or `context` group share theirs, so the global batch is
+        `batch_size` x the product of the data axes, on either backend and any mesh.
+        """
         return 1
 
     def mesh_axes(self) -> dict[str, int]:

@@ -9,6 +9,7 @@ tokens' activations pinned that way block by block. `fsdp` (fsdp.py) is the same
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -114,11 +115,11 @@ class SpmdDataParallel(interface.OnMesh, Strategy):
         # One loader per host; each host's part of the batch is split over its devices.
         return runtime.process_count(), runtime.process_index()
 
-    def local_devices(self) -> int:
-        # The devices of a `context` group share their samples (each holds a stretch of
-        # every one): a process feeds one batch per group.
-        context = self.mesh_axes().get(SEQUENCE_AXIS, 1)
-        return max(1, runtime.addressable_device_count() // context)
+    def local_batch_shards(self) -> int:
+        # The batch is split over the batch axes alone: the devices of a `tensor` or
+        # `context` group share their samples. Each host feeds its part of the shards.
+        shards = math.prod(size for axis, size in self.mesh_shape() if axis in BATCH_AXES)
+        return max(1, shards // runtime.process_count())
 
     def input_sharding(self, sample: Any) -> Any:
         import torch_xla.distributed.spmd as xs

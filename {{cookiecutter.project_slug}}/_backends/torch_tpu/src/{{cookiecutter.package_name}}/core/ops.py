@@ -7,7 +7,7 @@ closure runs at once, after the step that queued it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -84,33 +84,52 @@ def wait() -> None:
         module.synchronize()
 
 
-def clip_grad_norm_(parameters: Any, max_norm: float) -> torch.Tensor:
+@torch._dynamo.disable  # type: ignore[misc]
+def backward(loss: torch.Tensor) -> None:
+    """`loss.backward()`, outside dynamo: the step compiles around it (dynamo breaks there
+    anyway), and the Python that autograd runs for DTensor gradients (the compiled
+    backward's wrappers) would otherwise be traced and compiled again for every layout."""
+    loss.backward()
+
+
+def clip_grad_norm_(parameters: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
     """Scale the gradients so that their global norm is at most `max_norm`.
 
     torch's own clip stacks every gradient's norm, which DTensors on different meshes
     refuse (with a `tensor` axis, the tensor-parallel layers' gradients live on the 2-D
-    mesh and the others on the `fsdp` one): each mesh's norm is taken apart, made whole,
-    and the global norm computed from them; the scale is one scalar for every gradient.
+    mesh and the others on the `fsdp` one). Here each process sums the squares of the
+    gradient shards it holds, each divided by how many processes hold the same shard, and
+    one all-reduce over the job gives the global norm: no gather, nothing dynamo cannot
+    compile, one scalar scale for every gradient.
     """
-    params = [p for p in parameters if p.grad is not None]
-    meshes: dict[Any, list[torch.Tensor]] = {}
-    for param in params:
-        grad = param.grad
-        assert grad is not None
-        meshes.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
-    if len(meshes) <= 1:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    norms = []
-    for grads in meshes.values():
-        norm = torch.nn.utils.get_total_norm(grads)
-        full = getattr(norm, "full_tensor", None)
-        norms.append(full() if callable(full) else norm)
-    total = torch.linalg.vector_norm(torch.stack(norms))
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if len({getattr(grad, "device_mesh", None) for grad in grads}) <= 1:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as funcol
+
+    world = dist.get_world_size()
+    squares = torch.stack([_shard_square(grad, world) for grad in grads]).sum()
+    total = funcol.all_reduce(squares, "sum", dist.group.WORLD).sqrt()
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for param in params:
-        assert param.grad is not None
-        param.grad.mul_(scale)
+    for grad in grads:
+        grad.mul_(scale)
     return total
+
+
+def _shard_square(grad: torch.Tensor, world: int) -> torch.Tensor:
+    """This process's share of `grad`'s squared norm: its local shard's, divided by the
+    processes holding the same shard (the other coordinates of the job, and the mesh
+    dimensions the gradient is replicated over)."""
+    mesh = grad.device_mesh  # type: ignore[attr-defined]
+    copies = world // mesh.size()
+    for dim, placement in enumerate(grad.placements):  # type: ignore[attr-defined]
+        if placement.is_replicate():
+            copies *= mesh.size(dim)
+        elif placement.is_partial():
+            raise ValueError("a gradient still partial (not reduced) cannot be clipped")
+    local = grad.to_local()  # type: ignore[attr-defined]
+    return local.float().pow(2).sum() / copies
 
 
 def host_learning_rate(optimizer: torch.optim.Optimizer) -> str | None:
