@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,17 +67,24 @@ class TieReport:
         return {"groups": self.groups, "before": self.before, "after": self.after}
 
 
-def move_and_retie(module: nn.Module, device: torch.device | str) -> TieReport:
+def move_and_retie(
+    module: nn.Module, device: torch.device | str, fill: Callable[[], None] | None = None
+) -> TieReport:
     """Move a module to `device`, restore its weight tying and report what was tied.
 
     Finds shared parameters before the move, re-ties them after, then calls the
     module's `on_post_move_to_device()` hook if it has one. Warns with both counts
     if the number of distinct parameters changed anyway. Create optimizers after this.
+    A module built on the meta device is not moved: `fill()` gives it its values, each
+    tied group once under all its names (`core/materialize.py`).
     """
     groups = find_shared_parameters(module)
     before = parameter_count(module)
-    module.to(device)
-    tie_parameters(module, groups)
+    if fill is not None:
+        fill()
+    else:
+        module.to(device)
+        tie_parameters(module, groups)
     hook = getattr(module, "on_post_move_to_device", None)
     if callable(hook):
         hook()

@@ -147,3 +147,12 @@ def merged(model: nn.Module) -> nn.Module:
     """The base model with the adapters folded into its weights (for export)."""
     peft_model = next(m for m in model.modules() if type(m).__name__.startswith("Peft"))
     return peft_model.merge_and_unload()  # type: ignore[no-any-return,operator]
+
+
+PEFT_PREFIX = "base_model.model."  # where peft's wrapper puts the base model
+
+
+def base_name(name: str) -> str:
+    """A parameter's name in the base model (a pretrained checkpoint's): without peft's
+    wrapper prefix and a LoRA layer's `base_layer`; other names as they are."""
+    return name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")

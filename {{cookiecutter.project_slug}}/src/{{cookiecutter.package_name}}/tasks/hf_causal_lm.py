@@ -41,6 +41,7 @@ from ..hf.models import (
     pretrained_config,
 )
 from ..hf.moe import add_router_loss
+from ..weights.meta import building_on_meta
 from . import POSITIONS
 from ._corpus import TextSplits, text_splits, token_loss, token_metrics
 
@@ -112,9 +113,15 @@ class HFCausalLMTask:
     def tokens_per_sample(self) -> int:
         return self.seq_len
 
+    @property
+    def pretrained_weights(self) -> str:
+        """Where the model's pretrained safetensors are (empty: none): a run builds the
+        model from its config on the meta device and reads each shard from there."""
+        return self.model_name
+
     def build_model(self) -> nn.Module:
-        if self.model_name:
-            return load_decoder(self.model_name)
+        if self.model_name and not building_on_meta():
+            return load_decoder(self.model_name)  # whole, for use outside a run
         return build_decoder(self.config)
 
     def train_dataset(self) -> Dataset[Batch]:

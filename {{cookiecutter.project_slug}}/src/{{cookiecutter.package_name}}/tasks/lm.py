@@ -87,19 +87,30 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+class TokenEmbedding(nn.Embedding):
+    """Token embeddings drawn with std 0.02 (the output head reuses them)."""
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=0.02)
+
+
 class CharGPT(nn.Module):
     """Decoder-only transformer whose output projection is the input embedding."""
 
     def __init__(self, seq_len: int, dim: int, layers: int, heads: int, dropout: float) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, dim)
-        self.position = nn.Parameter(torch.zeros(1, seq_len, dim))
+        self.embed = TokenEmbedding(VOCAB, dim)
+        self.position = nn.Parameter(torch.empty(1, seq_len, dim))
         self.blocks = BlockStack(Block(dim, heads, dropout) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, VOCAB, bias=False)
         self.head.weight = self.embed.weight  # tied: the move to XLA must keep this
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Its own parameters (each module sets its own: a model built on the meta device
+        is initialized module by module)."""
         nn.init.normal_(self.position, std=0.02)
-        nn.init.normal_(self.embed.weight, std=0.02)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of `x` [batch, tokens]; with `positions` (each token's position in its

@@ -120,12 +120,15 @@ def eval_batch_size(config: TrainConfig, samples: int, shards: int) -> int:
 def evaluate_checkpoint(config: TrainConfig, plan: Plan, path: str) -> dict[str, float]:
     """A checkpoint's eval metrics under any plan: no optimizer, no training data."""
     from .checkpoint import load_weights
-    from .model import build_model, sharding_rules, unscanned
+    from .model import build, sharding_rules, unscanned
 
     precision = Precision.from_name(config.precision)
     task = load_task(config.task, config.data, config.task_options)
-    model = build_model(task, unscanned(config))  # as the run built it (a LoRA base too)
+    built = build(task, unscanned(config))  # as the run built it (a LoRA base too)
+    model = built.model
     rules = sharding_rules(task, model, config, plan.strategy)
-    model, _ = plan.strategy.setup_model(model, block_class(task, model), rules=rules)
+    model, _ = plan.strategy.setup_model(
+        model, block_class(task, model), rules=rules, source=built.source
+    )
     load_weights(path, plan.strategy, model)  # resharded to this strategy's layout
     return Evaluator(task, plan.strategy, precision, config)(model)

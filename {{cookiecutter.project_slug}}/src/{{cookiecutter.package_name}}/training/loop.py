@@ -17,7 +17,7 @@ from .config import ConfigError, TrainConfig
 from .data import training_data
 from .diagnostics import Diagnostics
 from .evaluation import Evaluator
-from .model import build_model, describe_parameters, parameter_counts, sharding_rules
+from .model import build, describe_parameters, parameter_counts, sharding_rules
 from .optim import build_optimizer, build_scheduler
 from .reporting import Reporter
 from .state import Progress
@@ -50,7 +50,8 @@ def fit(
     clock.phase("training_prep")
     if cfg.scan_layers:
         strategy.check_scan()
-    model = build_model(task, cfg, model)  # seeded, adapted (HF, LoRA, scan), cast
+    built = build(task, cfg, model)  # on the meta device, adapted (HF, LoRA, scan), cast
+    model = built.model
     model.train()  # from_pretrained gives a model in eval mode: its dropout would be off
     cache = runtime.compile_cache_dir(cfg.compile_cache, plan.accelerator)
     ops.initialize_compile_cache(cache, readonly=not strategy.is_local_master())
@@ -58,7 +59,8 @@ def fit(
     blocks = block_class(task, model)
     checkpointed = cfg.activation_checkpointing and not cfg.scan_layers
     rules = sharding_rules(task, model, cfg, strategy)
-    model, ties = strategy.setup_model(model, blocks, checkpointed, rules)
+    # Laid out, then given its values where it is placed (only this host's shards).
+    model, ties = strategy.setup_model(model, blocks, checkpointed, rules, built.source)
     optimizer = build_optimizer(model, cfg, task)  # after the move: it holds device tensors
     ops.prime_optimizer_state(optimizer)
     strategy.place_optimizer_state(optimizer)
@@ -104,6 +106,8 @@ def fit(
         f"{precision.name}"
     )
     reporter.line(ties.describe())
+    if built.note:
+        reporter.line(built.note)
     parameters = parameter_counts(model)
     reporter.line(describe_parameters(parameters))
     reporter.line(memory.describe(state_bytes, memory.device_peak_bytes(runtime.device())))

@@ -4,32 +4,109 @@ training, evaluation and export."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from .. import hf
 from ..core import Precision, RuntimeConfigError, Strategy, ops
 from ..core.layers import enable_scan
+from ..core.materialize import Index, Source
 from ..core.sharding import Rule, parse_rules
 from ..tasks import Task
+from ..weights.init import NotInitializable, SeededInit
+from ..weights.meta import blocker, parameters_on_meta
 from .config import ConfigError, TrainConfig
 
 if TYPE_CHECKING:
     from ..hf.moe import MoeSettings
 
 
+@dataclass
+class Built:
+    """The model a run trains, and where its values come from: a model built on the meta
+    device gets them from `source` where the strategy places it; None: it is whole on the
+    host already (built as a plain constructor builds it, `note` says why)."""
+
+    model: nn.Module
+    source: Source | None = None
+    note: str = ""
+
+
+def build(task: Task, config: TrainConfig, model: nn.Module | None = None) -> Built:
+    """The task's model as this config trains it, built without memory where it can be.
+
+    On the meta device, adapted as `build_model` adapts it; its values come from the
+    task's pretrained weights (read by shard) and, for the rest, its own initialization
+    seeded per module (`weights/init.py`). A model given, a scanned one, or one whose
+    constructor computes on its parameters is built whole on the host (`build_model`).
+    """
+    if model is not None:
+        return Built(build_model(task, config, model))
+    if config.scan_layers:
+        return Built(build_model(task, config), note=WHOLE + "scan_layers stacks its blocks")
+    try:
+        with parameters_on_meta():
+            meta = task.build_model()
+        reason = blocker(meta)
+        if reason is None:
+            meta = adapt(meta, config)
+            return Built(meta, weights_source(task, meta, config))
+    except NotInitializable as error:
+        reason = str(error)
+    return Built(build_model(task, config), note=f"{WHOLE}{reason}")
+
+
+# The start of the one line a run prints when it builds its model whole on the host.
+WHOLE = "model: built whole on the host, not on the meta device: "
+
+
+def weights_source(task: Task, model: nn.Module, config: TrainConfig) -> Source:
+    """Where a meta-device model's values come from: the task's pretrained weights where
+    they hold a tensor, the model's seeded initialization for the rest (LoRA adapters)."""
+    init = SeededInit(model, config.seed)
+    location = getattr(task, "pretrained_weights", "")
+    if not location:
+        return init
+    from ..hf.common import unwrap
+    from ..hf.lora import base_name
+    from ..weights.pretrained import open_pretrained
+
+    pretrained = open_pretrained(location, unwrap(model) or model)
+    return Routed(pretrained, init, base_name)
+
+
+class Routed:
+    """Pretrained values under the plain model's names, the initialization elsewhere."""
+
+    def __init__(self, pretrained: Any, init: Source, rename: Callable[[str], str]) -> None:
+        self.pretrained, self.init, self.rename = pretrained, init, rename
+        self.known = pretrained.names()
+
+    def read(self, name: str, index: Index, dtype: torch.dtype) -> torch.Tensor:
+        plain = self.rename(name)
+        if plain in self.known:
+            return self.pretrained.read(plain, index, dtype)  # type: ignore[no-any-return]
+        return self.init.read(name, index, dtype)
+
+
 def build_model(task: Task, config: TrainConfig, model: nn.Module | None = None) -> nn.Module:
-    """The task's model (or `model`) as this config trains it, still on the host.
+    """The task's model (or `model`) as this config trains it, whole on the host.
 
     Seeded first, so a run, its evaluation and its export build the same initial weights
-    (a LoRA checkpoint holds only the adapters: the rest comes from here). Hugging Face
-    models get what XLA needs (`hf.prepare`), then LoRA adapters if `[lora]` asks, then
-    scanned blocks, then the precision's parameter dtype.
+    (a LoRA checkpoint holds only the adapters: the rest comes from here). Then `adapt`.
     """
     ops.seed_host(config.seed)  # the model's initial weights depend on it
     model = model if model is not None else task.build_model()
+    return adapt(model, config)
+
+
+def adapt(model: nn.Module, config: TrainConfig) -> nn.Module:
+    """Hugging Face models get what XLA needs (`hf.prepare`), then LoRA adapters if `[lora]`
+    asks, then scanned blocks, then the precision's parameter dtype."""
     hf.prepare(model, moe_settings(config))
     if config.lora:
         from ..hf.lora import LoraSettings, apply_lora

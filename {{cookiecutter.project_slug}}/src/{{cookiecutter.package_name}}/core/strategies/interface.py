@@ -3,6 +3,8 @@ process; each backend's `strategies.base` adds how it launches and recomputes bl
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Self
 
@@ -10,6 +12,7 @@ import torch
 from torch import nn
 
 from .. import runtime, tying
+from ..materialize import Source, fill_whole, on_meta
 from ..runtime import RuntimeConfigError
 from ..sharding import MeshShape, Rule, mesh_text, parse_mesh
 
@@ -138,19 +141,30 @@ class Strategy:
         block_class: type[nn.Module] | None = None,
         activation_checkpointing: bool = False,
         rules: Sequence[Rule] = (),
+        source: Source | None = None,
     ) -> tuple[nn.Module, tying.TieReport]:
         """Move the model to the device, keep its ties, and place it; return what trains.
 
-        `rules` lay parameters out over a mesh; one device has none to lay them out on.
+        `rules` lay parameters out over a mesh; one device has none to lay them out on. A
+        model built on the meta device gets its values from `source` where it is placed.
         """
-        return model, self.move(model, block_class, activation_checkpointing)
+        return model, self.move(model, block_class, activation_checkpointing, source)
 
     def move(
-        self, model: nn.Module, block_class: type[nn.Module] | None, activation_checkpointing: bool
+        self,
+        model: nn.Module,
+        block_class: type[nn.Module] | None,
+        activation_checkpointing: bool,
+        source: Source | None = None,
     ) -> tying.TieReport:
-        """Move the model to the device keeping its ties and, when asked, have its blocks
-        recompute their activations in the backward pass; the ties' report."""
-        report = tying.move_and_retie(model, runtime.device())
+        """Move the model to the device keeping its ties (a model on the meta device: fill
+        it there from `source`, whole) and, when asked, have its blocks recompute their
+        activations in the backward pass; the ties' report."""
+        device = runtime.device()
+        fill = None
+        if source is not None and on_meta(model):
+            fill = functools.partial(fill_whole, model, source, device)
+        report = tying.move_and_retie(model, device, fill)
         if activation_checkpointing:
             self.recompute_blocks(model, block_class)
         return report

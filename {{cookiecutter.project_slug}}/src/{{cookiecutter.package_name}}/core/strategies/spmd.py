@@ -9,6 +9,7 @@ tokens' activations pinned that way block by block. `fsdp` (fsdp.py) is the same
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from .. import runtime, tying
+from ..materialize import Source, buffers_to, fill_parameters, on_meta, whole
 from ..runtime import RuntimeConfigError
 from ..sharding import (
     BATCH_AXES,
@@ -26,6 +28,7 @@ from ..sharding import (
     check_mesh_size,
     model_layout,
     over_slices,
+    shard_shape,
     state_spec,
 )
 from . import interface
@@ -152,11 +155,20 @@ class SpmdDataParallel(interface.OnMesh, Strategy):
         block_class: type[nn.Module] | None = None,
         activation_checkpointing: bool = False,
         rules: Sequence[Rule] = (),
+        source: Source | None = None,
     ) -> tuple[nn.Module, tying.TieReport]:
         """Move the model, lay every parameter out by the rules, and where parameters or
-        sequences are split, pin each block's output to the batch layout."""
-        report = self.move(model, block_class, activation_checkpointing)
-        self.place_parameters(model, rules)
+        sequences are split, pin each block's output to the batch layout. A model built on
+        the meta device is laid out first and each device's shards are read from `source`
+        (this host reads its devices' shards only)."""
+        if source is not None and on_meta(model):
+            fill = functools.partial(self._fill_laid_out, model, rules, source)
+            report = tying.move_and_retie(model, runtime.device(), fill)
+            if activation_checkpointing:
+                self.recompute_blocks(model, block_class)
+        else:
+            report = self.move(model, block_class, activation_checkpointing)
+            self.place_parameters(model, rules)
         split = any(any(entry is not None for entry in spec) for spec in self.specs.values())
         if split or self.mesh_axes().get(SEQUENCE_AXIS, 1) > 1:
             for module in [*blocks_of(model, block_class), model]:
@@ -171,6 +183,48 @@ class SpmdDataParallel(interface.OnMesh, Strategy):
         self.specs = model_layout(model, rules, self.mesh_axes())
         for key, spec in self.specs.items():
             xs.mark_sharding(params[key], self.mesh(), spec)
+
+    def _fill_laid_out(self, model: nn.Module, rules: Sequence[Rule], source: Source) -> None:
+        """Each parameter created sharded by its layout from the shards this host's devices
+        hold, one tensor at a time; the buffers whole."""
+        specs = model_layout(model, rules, self.mesh_axes())  # by the meta parameters' ids
+
+        def place(name: str, param: nn.Parameter) -> torch.Tensor:
+            return self._sharded(name, param, specs[id(param)], source)
+
+        fill_parameters(model, place)
+        self.specs = model_layout(model, rules, self.mesh_axes())  # by the new ones' ids
+        buffers_to(model, runtime.device())
+
+    def _sharded(self, name: str, param: nn.Parameter, spec: Spec, source: Source) -> torch.Tensor:
+        """A device tensor laid out by `spec`, built from the shards of this host's devices
+        (each distinct shard read once; XLA's padding of uneven shards added here)."""
+        import torch_xla
+
+        if all(entry is None for entry in spec):  # whole on every device
+            return source.read(name, whole(param.shape), param.dtype).to(runtime.device())
+        sharding = self.mesh().get_op_sharding(spec)
+        block = shard_shape(param.shape, spec, self.mesh_axes())
+        local = len(torch_xla._XLAC._xla_get_runtime_devices())
+        shape = list(param.shape)
+        # Where each local device's shard lies: asked of a tensor of zeros laid out alike.
+        probe = torch_xla._XLAC._global_tensor_from_cpu_shards(
+            [torch.zeros(block, dtype=param.dtype)] * local, sharding, shape
+        )
+        indices = [index for _, index in
+                   torch_xla._XLAC._get_local_shard_replica_and_indices([probe])[0]]  # fmt: skip
+        del probe
+        read: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
+        shards = []
+        for index in indices:
+            key = tuple((part.start, part.stop) for part in index)
+            if key not in read:
+                values = source.read(name, tuple(slice(a, b) for a, b in key), param.dtype)
+                padded = torch.zeros(block, dtype=param.dtype)
+                padded[tuple(slice(0, n) for n in values.shape)] = values
+                read[key] = padded
+            shards.append(read[key])
+        return torch_xla._XLAC._global_tensor_from_cpu_shards(shards, sharding, shape)
 
     def _constrain(self, module: nn.Module) -> None:
         """Keep `module`'s output split over the batch axes (whole over `tensor`; its tokens

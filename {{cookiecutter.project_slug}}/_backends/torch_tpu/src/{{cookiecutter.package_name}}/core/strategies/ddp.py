@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from .. import tying
+from ..materialize import Source
 from ..sharding import Rule
 from .base import ProcessPerDevice
 from .blocks import check_after
@@ -27,9 +28,12 @@ class DataParallelProcesses(ProcessPerDevice):
         block_class: type[nn.Module] | None = None,
         activation_checkpointing: bool = False,
         rules: Sequence[Rule] = (),
+        source: Source | None = None,
     ) -> tuple[nn.Module, tying.TieReport]:
-        """Move the model, keep its ties, wrap it in DDP (which reduces the gradients)."""
-        report = self.move(model, block_class, activation_checkpointing)
+        """Move the model (a model built on the meta device: filled whole from `source`,
+        a replica per process), keep its ties, wrap it in DDP (which reduces the
+        gradients)."""
+        report = self.move(model, block_class, activation_checkpointing, source)
         if self.processes() == 1:
             return model, report
         from torch.nn.parallel import DistributedDataParallel

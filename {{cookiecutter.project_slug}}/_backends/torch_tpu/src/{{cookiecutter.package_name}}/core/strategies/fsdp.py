@@ -13,6 +13,7 @@ and do not apply here; their `tensor` entries do.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from .. import runtime, tying
+from ..materialize import Source, on_meta, parameter_groups, whole
 from ..runtime import RuntimeConfigError
 from ..sharding import (
     BATCH_AXES,
@@ -91,12 +93,16 @@ class FullyShardedDataParallel(interface.OnMesh, ProcessPerDevice):
         block_class: type[nn.Module] | None = None,
         activation_checkpointing: bool = False,
         rules: Sequence[Rule] = (),
+        source: Source | None = None,
     ) -> tuple[nn.Module, tying.TieReport]:
         """Move the model, split the rules' `tensor` layers, shard blocks and model (FSDP2),
-        and check the ties held through it."""
+        and check the ties held through it. A model built on the meta device is laid out
+        there first; then each process allocates and reads its own shards from `source`."""
         from torch.distributed.fsdp import fully_shard
 
-        report = tying.move_and_retie(model, runtime.device())
+        meta = source is not None and on_meta(model)
+        if not meta:
+            report = tying.move_and_retie(model, runtime.device())
         specs = _specs(model, rules, self.mesh_axes())  # refuses rules that cannot apply
         if self.tensor_size() > 1:
             self._parallelize(model, blocks_of(model, block_class), specs)
@@ -107,8 +113,35 @@ class FullyShardedDataParallel(interface.OnMesh, ProcessPerDevice):
         for block in blocks_of(model, block_class):
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        if meta:
+            assert source is not None
+            fill = functools.partial(self._fill_shards, model, source)
+            report = tying.move_and_retie(model, runtime.device(), fill)
         self._data_groups()
         return model, check_after(model, report)
+
+    def _fill_shards(self, model: nn.Module, source: Source) -> None:
+        """Allocate every process's shards (FSDP2's `to_empty`) and read each from `source`;
+        the buffers, built on the host with the model, keep their values."""
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        device = runtime.device()
+        buffers = {name: buffer for name, buffer in model.named_buffers()}
+        model.to_empty(device=device)
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                buffer.copy_(buffers[name])
+            for names, param in parameter_groups(model):
+                plain = self.plain_name(names[0])
+                if isinstance(param, DTensor):
+                    shape, offset = compute_local_shape_and_global_offset(
+                        param.shape, param.device_mesh, param.placements
+                    )
+                    index = tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
+                    param.to_local().copy_(source.read(plain, index, param.dtype))
+                else:
+                    param.copy_(source.read(plain, whole(param.shape), param.dtype))
 
     def _parallelize(
         self, model: nn.Module, blocks: list[nn.Module], specs: dict[str, Spec]
