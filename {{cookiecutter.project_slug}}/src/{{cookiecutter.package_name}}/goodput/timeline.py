@@ -16,7 +16,9 @@ How the library's definitions read this timeline:
   is infrastructure recovery. A preempted attempt marks the step it stopped at before
   saving, so the save at the stop belongs to the recovery (recording it as a save too
   would count it twice);
-- the last step of a finished job runs to the job's end (the final evaluation included).
+- the library takes the last step of a finished job as running to the job's end; here the
+  last mark ends the last step, and the account gives the time after it to the final
+  evaluation and save it holds, and the rest to `other` (`account._recount`).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from . import store
 FLUSH_SECONDS = 300.0
 PHASES = ("data_loading", "tpu_init", "training_prep")
 # Saves of the same step by several hosts are averaged by the library's checkpoint
-# calculator; here one host writes, and the same step restored by two attempts is two
-# restores, so each entry's step names its attempt too.
+# calculator; here one host writes, and two saves of a step (the best weights and the step's,
+# or its save and the wait for its background write) or the same step restored by two
+# attempts are two entries, so each entry's step names its attempt and its place in it.
 _SAVE = {
     "checkpoint_manager_blocking_duration_secs": 0.0,
     "checkpointer_blocking_duration_secs": 0.0,
@@ -72,6 +75,7 @@ class Timeline:
         self.pending: list[dict[str, Any]] = []
         self.marks: list[tuple[int, float]] = []
         self.part = 0
+        self.checkpoints = 0  # saves and restores recorded
         self.flushed_at = self.started
         self.writer = False
         self.stopping = False
@@ -125,18 +129,19 @@ class Timeline:
     @contextlib.contextmanager
     def checkpoint(self, kind: str, step: int, directory: str) -> Iterator[None]:
         """Time a checkpoint `save` or `restore` (a restore pauses the open set-up phase)."""
-        if kind == "save":
-            self.flush()
         paused = self.open
         self.phase(None)
         started = time.time()
+        if kind == "save":
+            self.flush()  # the steps it keeps are on record first: part of the save's time
         yield
         seconds = time.time() - started
         if not (kind == "save" and self.stopping):
             times = dict.fromkeys(_SAVE if kind == "save" else _RESTORE, seconds)
             if kind == "save":
                 times["wait_for_prev_duration_secs"] = times["get_old_steps_duration_secs"] = 0.0
-            step_of_attempt = f"{step}@{self.attempt}"
+            self.checkpoints += 1
+            step_of_attempt = f"{step}@{self.attempt}#{self.checkpoints}"
             self._entry({"event_type": kind, "step": step_of_attempt, "directory": directory,
                          "checkpoint_start_time": started, **times})  # fmt: skip
         self.phase(paused)
