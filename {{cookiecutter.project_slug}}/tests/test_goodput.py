@@ -83,6 +83,33 @@ def test_cloud_goodput_gives_googles_recorder_every_event_of_the_local_records(
     }  # fmt: skip
 
 
+def test_a_step_saved_just_before_its_vm_was_lost_is_a_restart_when_resumed(
+    tmp_path: Path,
+) -> None:
+    """It has the saved step on record as its save ends, so the attempt resumed from it is a
+    restart (one disruption), not a step that ran across the lost VM and the new set-up."""
+    checkpoints = str(tmp_path / "checkpoints")
+    length = {"max_steps": 4, "max_epochs": 0}
+    lost = Timeline(checkpoints, "local", length)
+    lost.phase("tpu_init")
+    lost.loop_started(0, master=True)
+    lost.step(1)
+    with lost.checkpoint("save", 2, checkpoints):  # step 2 trained, then saved
+        pass
+    resumed = Timeline(checkpoints, "local", length)  # nothing more of `lost` was written
+    resumed.phase("tpu_init")
+    with resumed.checkpoint("restore", 2, checkpoints):
+        pass
+    resumed.loop_started(2, master=True)
+    resumed.step(3)
+    resumed.step(4)
+    resumed.loop_ended("completed")
+    resumed.finished("completed", 4)
+    result = account.account(store.read_events(store.records_location(checkpoints)))
+    assert (result["attempts"], result["disruptions"]) == (2, 1)
+    assert result["accounted_seconds"] == pytest.approx(result["wall_seconds"], rel=1e-9)
+
+
 def test_goodput_of_a_run_without_records_fails_in_one_line(tmp_path: Path) -> None:
     """It says in one line that there are no records where it looked."""
     done = cli("goodput", str(tmp_path / "checkpoints"))
@@ -166,11 +193,12 @@ def test_the_components_exceed_the_wall_time_when_two_categories_claim_the_same_
 
 @pytest.fixture(scope="module")
 def four_attempts() -> dict[str, Any]:
-    """Preempted after step 4; killed after step 7 (an evaluation and a save in step 6);
-    resumed from step 4 to the end (12), evaluated and saved after it; relaunched after that.
-    Data loading takes 0.05, 0.1 and 0.4 s."""
+    """Preempted after step 4 (saved twice: the best weights, then the step); killed after
+    step 7 (an evaluation and a save in step 6); resumed from step 4 to the end (12),
+    evaluated and saved after it; relaunched after that. Data loading takes 0.05, 0.1 and
+    0.4 s."""
     first_marks = [(0, 2.05), (1, 7.05), (2, 8.05), (3, 9.05), (4, 10.05)]
-    preempted = attempt(0.0, (0.05, 1.0, 1.0), marks=first_marks)
+    preempted = attempt(0.0, (0.05, 1.0, 1.0), marks=first_marks, saves=((10.1, 10.6),))
     second_marks = [(4, 22.6), (5, 27.6), (6, 28.6), (7, 29.6)]
     killed = attempt(20.0, (0.1, 1.0, 1.0), restore=0.5, marks=second_marks,
                      saves=((28.1, 28.3),), evaluations=((27.8, 28.0),))  # fmt: skip
@@ -198,7 +226,7 @@ def test_evaluations_and_saves_in_steps_trained_again_keep_their_categories(
     badput = four_attempts["badput_seconds"]
     assert badput["wasted_progress_from_disruption"] == pytest.approx(7.0 - 0.2 - 0.2)
     assert badput["custom_badput_events"]["eval"] == pytest.approx(0.2 + 2.0)
-    assert badput["unproductive_checkpoint_save_time"] == pytest.approx(0.2 + 1.0)
+    assert badput["unproductive_checkpoint_save_time"] == pytest.approx(0.5 + 0.2 + 1.0)
     assert four_attempts["productive_seconds"] == pytest.approx(4.0 + 8.0)
 
 
@@ -214,10 +242,11 @@ def test_a_relaunch_after_completion_is_an_attempt_outside_the_wall_time(
 def test_a_disrupted_runs_components_add_up_to_the_wall_time(
     four_attempts: dict[str, Any],
 ) -> None:
-    """It gives recovery the time from each disrupted attempt's last step to the next start,
-    `other` the gaps around the final evaluation and save, and the sum is the wall time."""
+    """It gives recovery the time from each disrupted attempt's last step to the next start
+    but for the save in it, `other` the gaps around the final evaluation and save, and the
+    sum is the wall time."""
     badput = four_attempts["badput_seconds"]
-    assert badput["infrastructure_recovery_from_disruption"] == pytest.approx(9.95 + 10.4)
+    assert badput["infrastructure_recovery_from_disruption"] == pytest.approx(9.95 - 0.5 + 10.4)
     assert badput["other"] == pytest.approx(0.5 + 0.1 + 0.5)
     assert four_attempts["accounted_seconds"] == pytest.approx(four_attempts["wall_seconds"])
 

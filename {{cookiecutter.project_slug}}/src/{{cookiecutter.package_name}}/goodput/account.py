@@ -25,6 +25,7 @@ OVERLAPPED = "data_loading_async"
 SYNC_LOADING = "data_loading_sync"
 SAVES = "unproductive_checkpoint_save_time"
 RESTORES = "unproductive_checkpoint_restore_time"
+RECOVERY = "infrastructure_recovery_from_disruption"
 
 
 class RecordsLogger:
@@ -118,16 +119,18 @@ def _recount(
       wasted, and saves as saves too, subtracted from the productive time; and a restart
       from step 0 wastes nothing by its count. Here a wasted step is its training alone,
       and every evaluation counts as one, wherever it ran.
+    - Recovery: a save recorded after a disrupted attempt's last mark (its step saved twice,
+      the best weights first) counts as a save and as recovery; here as a save.
     """
     badput[SYNC_LOADING], badput[OVERLAPPED] = _set_up_loading(entries), 0.0
-    wasted = reading.wasted()
+    wasted, recoveries = reading.wasted(), reading.recoveries()
     tail = reading.tail()
     if tail is not None:
         productive -= tail[1] - tail[0]
-    # It subtracted its count of every save from the productive time: only the saves inside
-    # the kept steps are taken out of them. (It subtracts the evaluations inside them too.)
+    # It took its count of every save out of the productive time: only the saves inside the
+    # kept steps belong there; the others are outside them (wasted, recovery, the end).
     saves = sum(end - start for start, end in reading.saves)
-    outside = wasted + ([tail] if tail is not None else [])
+    outside = wasted + recoveries + ([tail] if tail is not None else [])
     productive += badput.get(SAVES, 0.0) - saves + intervals.inside(reading.saves, outside)
     badput[SAVES] = saves
     badput[RESTORES] = sum(end - start for start, end in reading.restores)
@@ -135,8 +138,11 @@ def _recount(
     for name, (start, end) in reading.events:
         evaluations[name] = evaluations.get(name, 0.0) + end - start
     badput["custom_badput_events"] = evaluations
-    aside = intervals.inside([*reading.saves, *(span for _, span in reading.events)], wasted)
+    claimed = [*reading.saves, *(span for _, span in reading.events)]
+    aside = intervals.inside(claimed, wasted)
     badput["wasted_progress_from_disruption"] = sum(end - start for start, end in wasted) - aside
+    if RECOVERY in badput:
+        badput[RECOVERY] -= intervals.inside(claimed, recoveries)
     return productive
 
 

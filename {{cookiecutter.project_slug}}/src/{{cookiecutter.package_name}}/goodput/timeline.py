@@ -6,7 +6,9 @@ start, evaluations, and its end. Entries have ml-goodput-measurement's own shape
 names, so its calculator reads them (`account.py`). A step mark is a clock reading and a
 list append: no device read, no host sync. Entries go to the store at the loop's start,
 before every save (so the steps a save keeps are on record even if the VM dies during
-it), every FLUSH_SECONDS, and at the end. Only the run's master process writes.
+it), after it (its step's mark, taken as it ends: a relaunch from that checkpoint records
+the step again, the restart the library looks for, however soon the VM dies after the
+save), every FLUSH_SECONDS, and at the end. Only the run's master process writes.
 
 How the library's definitions read this timeline:
 - a step's time runs from its start mark to the next one's; the first step's excess over
@@ -14,8 +16,7 @@ How the library's definitions read this timeline:
 - a step number seen again is a restart: the steps after it in the earlier attempt are
   wasted progress, and the time from that attempt's last mark to the next attempt's start
   is infrastructure recovery. A preempted attempt marks the step it stopped at before
-  saving, so the save at the stop belongs to the recovery (recording it as a save too
-  would count it twice);
+  saving, so the save at the stop belongs to the recovery (it is not recorded as a save);
 - the library takes the last step of a finished job as running to the job's end; here the
   last mark ends the last step, and the account gives the time after it to the final
   evaluation and save it holds, and the rest to `other` (`account._recount`).
@@ -74,6 +75,7 @@ class Timeline:
         self.attempt = store.new_attempt(self.started)
         self.pending: list[dict[str, Any]] = []
         self.marks: list[tuple[int, float]] = []
+        self.marked: int | None = None  # the step of the last mark
         self.part = 0
         self.checkpoints = 0  # saves and restores recorded
         self.flushed_at = self.started
@@ -115,16 +117,22 @@ class Timeline:
         if self.mode == "cloud" and self.cloud is None:
             self.cloud = cloud_recorder(self.job)  # the master's, to Cloud Logging
         self.from_step = step
-        self.marks.append((step, time.time()))
+        self._mark(step, time.time())
         self._incident(store.NO_END)
         self.flush()
 
     def step(self, step: int) -> None:
         """Step `step` is done: the next one starts now."""
+        if step == self.marked:
+            return  # marked as its save ended
         now = time.time()
-        self.marks.append((step, now))
+        self._mark(step, now)
         if self.writer and now - self.flushed_at > FLUSH_SECONDS:
             self.flush()
+
+    def _mark(self, step: int, at: float) -> None:
+        self.marks.append((step, at))
+        self.marked = step
 
     @contextlib.contextmanager
     def checkpoint(self, kind: str, step: int, directory: str) -> Iterator[None]:
@@ -144,6 +152,9 @@ class Timeline:
             step_of_attempt = f"{step}@{self.attempt}#{self.checkpoints}"
             self._entry({"event_type": kind, "step": step_of_attempt, "directory": directory,
                          "checkpoint_start_time": started, **times})  # fmt: skip
+            if kind == "save" and self.writer and self.marked == step - 1:
+                self._mark(step, started + seconds)  # the step is done and saved
+                self.flush()
         self.phase(paused)
 
     @contextlib.contextmanager
