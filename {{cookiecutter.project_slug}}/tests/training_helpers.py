@@ -154,6 +154,9 @@ def preempt(
     output = log.read_text()
     assert process.returncode == EXIT_PREEMPTED, output[-4000:]
     assert "stopped by SIGTERM" in output, output[-4000:]
+    if not workers:  # one process: its last line is the stop and where it saved
+        said = [line for line in output.splitlines() if not line.startswith(THREADS_LEFT)]
+        assert said[-1].startswith("stopped by SIGTERM at step "), output[-4000:]
     assert threads_left(output) == set(), output[-4000:]
     stopped = json.loads((run_dir / "summary.json").read_text())
     assert stopped["status"] == "preempted", stopped["status"]

@@ -86,19 +86,21 @@ def train(
     resume: Annotated[str | None, typer.Option(help=RESUME_HELP)] = None,
     sets: Sets = None,
 ) -> None:
-    """Train the task's model and print its eval metrics as JSON (exit 75: preempted, saved)."""
+    """Train the task's model and print its eval metrics as JSON; stopped by SIGTERM, it saves,
+    says where and how to continue, and exits 75."""
     flags = {k: v for k, v in locals().items() if k not in ("config", "sets")}
     cfg = resolve_config(config, sets, flags)
     if goodput_cli.finished_before(cfg):
         return  # a relaunch of a run that completed: nothing to train
     summary = _run(cfg)
     goodput_cli.end_of_run(summary)
-    preempted = summary["status"] == "preempted"
-    if preempted:
-        typer.echo(f"stopped by SIGTERM at step {summary['steps']}; continue with --resume auto")
-    typer.echo(json.dumps(summary["eval"]))
-    if preempted:
+    if summary["status"] == "preempted":  # no final evaluation: its last line says what to do
+        typer.echo(
+            f"stopped by SIGTERM at step {summary['steps']}, saved to {summary['checkpoint']}; "
+            "the same command with --resume auto continues it"
+        )
         raise typer.Exit(EXIT_PREEMPTED)  # not done: a supervisor must run it again
+    typer.echo(json.dumps(summary["eval"]))
 
 
 def _run(cfg: Any) -> dict[str, Any]:

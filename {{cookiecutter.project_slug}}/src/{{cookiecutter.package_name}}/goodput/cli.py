@@ -11,6 +11,7 @@ import typer
 
 from ..cli_common import fail
 from . import account, store
+from .timeline import job_name
 
 LOCATION_HELP = (
     "A run directory (its summary.json names the records), a checkpoint directory, or its "
@@ -43,7 +44,10 @@ def goodput_command(
         fail(f"cannot read {records!r}: {error}")
     if not entries:
         fail(f"no goodput records in {records!r}: give a run or checkpoint directory")
-    result = account.account(entries)
+    try:
+        result = account.account(entries)
+    except ValueError as error:  # the library's own checks of the entries
+        fail(f"no goodput account of {records!r}: {str(error).strip()[:200]}")
     store.write_text(records, store.ACCOUNT, json.dumps(result, indent=2) + "\n")
     account.print_table(result, f"Goodput of {records}")
     typer.echo(f"written: {records}/{store.ACCOUNT}")
@@ -96,5 +100,14 @@ def finished_before(config: Any) -> bool:
         started = time.time()
         attempt = store.new_attempt(started)
         ending = "already complete, nothing trained (exit 0)"
-        store.set_incident(location, attempt, store.incident_line(started, attempt, step, ending))
+        # An attempt of the account as of the incident log: its start, and no end, so the
+        # run's wall time still ends where it completed (a relaunch days later would
+        # otherwise stretch it over the idle days).
+        start = {"job_name": job_name(directory), "job_start_time": started}
+        line = store.incident_line(started, attempt, step, ending)
+        try:
+            store.write_events(location, attempt, 0, [start])
+            store.set_incident(location, attempt, line)
+        except Exception as error:  # fsspec and gcsfs raise many types: said, not raised
+            typer.echo(f"note: the relaunch is not on record ({str(error).strip()[:200]})")
     return True

@@ -6,7 +6,9 @@ start, evaluations, and its end. Entries have ml-goodput-measurement's own shape
 names, so its calculator reads them (`account.py`). A step mark is a clock reading and a
 list append: no device read, no host sync. Entries go to the store at the loop's start,
 before every save (so the steps a save keeps are on record even if the VM dies during
-it), every FLUSH_SECONDS, and at the end. Only the run's master process writes.
+it), after it (its step's mark, taken as it ends: a relaunch from that checkpoint records
+the step again, the restart the library looks for, however soon the VM dies after the
+save), every FLUSH_SECONDS, and at the end. Only the run's master process writes.
 
 How the library's definitions read this timeline:
 - a step's time runs from its start mark to the next one's; the first step's excess over
@@ -14,9 +16,10 @@ How the library's definitions read this timeline:
 - a step number seen again is a restart: the steps after it in the earlier attempt are
   wasted progress, and the time from that attempt's last mark to the next attempt's start
   is infrastructure recovery. A preempted attempt marks the step it stopped at before
-  saving, so the save at the stop belongs to the recovery (recording it as a save too
-  would count it twice);
-- the last step of a finished job runs to the job's end (the final evaluation included).
+  saving, so the save at the stop belongs to the recovery (it is not recorded as a save);
+- the library takes the last step of a finished job as running to the job's end; here the
+  last mark ends the last step, and the account gives the time after it to the final
+  evaluation and save it holds, and the rest to `other` (`account._recount`).
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from . import store
 FLUSH_SECONDS = 300.0
 PHASES = ("data_loading", "tpu_init", "training_prep")
 # Saves of the same step by several hosts are averaged by the library's checkpoint
-# calculator; here one host writes, and the same step restored by two attempts is two
-# restores, so each entry's step names its attempt too.
+# calculator; here one host writes, and two saves of a step (the best weights and the step's,
+# or its save and the wait for its background write) or the same step restored by two
+# attempts are two entries, so each entry's step names its attempt and its place in it.
 _SAVE = {
     "checkpoint_manager_blocking_duration_secs": 0.0,
     "checkpointer_blocking_duration_secs": 0.0,
@@ -71,7 +75,9 @@ class Timeline:
         self.attempt = store.new_attempt(self.started)
         self.pending: list[dict[str, Any]] = []
         self.marks: list[tuple[int, float]] = []
+        self.marked: int | None = None  # the step of the last mark
         self.part = 0
+        self.checkpoints = 0  # saves and restores recorded
         self.flushed_at = self.started
         self.writer = False
         self.stopping = False
@@ -111,34 +117,44 @@ class Timeline:
         if self.mode == "cloud" and self.cloud is None:
             self.cloud = cloud_recorder(self.job)  # the master's, to Cloud Logging
         self.from_step = step
-        self.marks.append((step, time.time()))
+        self._mark(step, time.time())
         self._incident(store.NO_END)
         self.flush()
 
     def step(self, step: int) -> None:
         """Step `step` is done: the next one starts now."""
+        if step == self.marked:
+            return  # marked as its save ended
         now = time.time()
-        self.marks.append((step, now))
+        self._mark(step, now)
         if self.writer and now - self.flushed_at > FLUSH_SECONDS:
             self.flush()
+
+    def _mark(self, step: int, at: float) -> None:
+        self.marks.append((step, at))
+        self.marked = step
 
     @contextlib.contextmanager
     def checkpoint(self, kind: str, step: int, directory: str) -> Iterator[None]:
         """Time a checkpoint `save` or `restore` (a restore pauses the open set-up phase)."""
-        if kind == "save":
-            self.flush()
         paused = self.open
         self.phase(None)
         started = time.time()
+        if kind == "save":
+            self.flush()  # the steps it keeps are on record first: part of the save's time
         yield
         seconds = time.time() - started
         if not (kind == "save" and self.stopping):
             times = dict.fromkeys(_SAVE if kind == "save" else _RESTORE, seconds)
             if kind == "save":
                 times["wait_for_prev_duration_secs"] = times["get_old_steps_duration_secs"] = 0.0
-            step_of_attempt = f"{step}@{self.attempt}"
+            self.checkpoints += 1
+            step_of_attempt = f"{step}@{self.attempt}#{self.checkpoints}"
             self._entry({"event_type": kind, "step": step_of_attempt, "directory": directory,
                          "checkpoint_start_time": started, **times})  # fmt: skip
+            if kind == "save" and self.writer and self.marked == step - 1:
+                self._mark(step, started + seconds)  # the step is done and saved
+                self.flush()
         self.phase(paused)
 
     @contextlib.contextmanager

@@ -207,7 +207,8 @@ def fit(
     rate = watch.steps_per_second(progress.step)
     host_ms = watch.host_ms_per_step(progress.step)
     if status == "completed" and evaluated_at != progress.step:
-        eval_metrics = evaluate(model)
+        with clock.badput("eval"):  # an evaluation is badput wherever it runs
+            eval_metrics = evaluate(model)
         reporter.scalars(progress.step, eval_metrics, "eval")
     if status != "diverged" and saver.save(progress) is None:
         status = "diverged"
