@@ -207,9 +207,9 @@ class SpmdDataParallel(interface.OnMesh, Strategy):
         block = shard_shape(param.shape, spec, self.mesh_axes())
         local = len(torch_xla._XLAC._xla_get_runtime_devices())
         shape = list(param.shape)
-        # Where each local device's shard lies: asked of a tensor of zeros laid out alike.
+        # Where each local device's shard lies: asked of a tensor of bools laid out alike.
         probe = torch_xla._XLAC._global_tensor_from_cpu_shards(
-            [torch.zeros(block, dtype=param.dtype)] * local, sharding, shape
+            [torch.zeros(block, dtype=torch.bool)] * local, sharding, shape
         )
         indices = [index for _, index in
                    torch_xla._XLAC._get_local_shard_replica_and_indices([probe])[0]]  # fmt: skip
