@@ -35,6 +35,12 @@ TASK_FILES = {
 }
 
 
+# A relative link of a Markdown file (no scheme, not an anchor alone), and a test file named
+# (the project's own: the command inventory names the template's as `template: tests/...`).
+RELATIVE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#)([^)\s#]+)")
+TEST_FILE = re.compile(r"(?<![\w/.-])(?<!template: )(?:tests/)?(test_\w+\.py)\b")
+
+
 @pytest.fixture(params=list(COMBOS), scope="module")
 def baked(request: pytest.FixtureRequest, bake_combo: Callable[[str], Baked]) -> Baked:
     """A project baked from one named combination."""
@@ -156,6 +162,23 @@ def test_emits_one_backend(baked: Baked) -> None:
         assert "torch_xla.runtime" in runtime
         assert (core / "strategies" / "spmd.py").is_file()
         assert not (baked.path / "tests" / "test_distributed.py").exists()
+
+
+def test_docs_link_and_name_only_what_the_bake_has(baked: Baked) -> None:
+    """It resolves every relative link of the README and docs/, and finds in tests/ every
+    test file they name, whatever the backend and example."""
+    documents = [baked.path / "README.md", *sorted((baked.path / "docs").glob("*.md"))]
+    broken, missing = [], []
+    for document in documents:
+        text = document.read_text(encoding="utf-8")
+        for target in RELATIVE_LINK.findall(text):
+            if not (document.parent / target).exists():
+                broken.append(f"{document.name} -> {target}")
+        for name in TEST_FILE.findall(text):
+            if not (baked.path / "tests" / name).is_file():
+                missing.append(f"{document.name} names tests/{name}")
+    assert not broken, broken
+    assert not missing, missing
 
 
 def test_records_answers_without_absolute_paths(baked: Baked) -> None:

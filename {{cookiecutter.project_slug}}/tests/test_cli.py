@@ -89,7 +89,9 @@ BAD_TRAIN = {
     "bad-mesh": (["--devices", "8", "--strategy", "fsdp", "--mesh", "fsdp=4"], "mesh 'fsdp=4'"),
     "unknown-mesh-axis": (["--devices", "8", "--strategy", "fsdp", "--mesh", "tp=8"], "'tp'"),
     "zero-devices": (["--devices", "0"], "invalid devices '0'"),
+{%- if cookiecutter.backend == "torch_xla" %}
     "ddp-on-cpu": (["--devices", "8", "--strategy", "ddp"], "--strategy spmd"),
+{%- endif %}
     "single-with-8": (["--devices", "8", "--strategy", "single"], "strategy 'single'"),
     "core-id-on-cpu": (["--devices", "[5]"], "needs a TPU"),
     "missing-data": (["--data", "/no/such/corpus"], "does not exist"),

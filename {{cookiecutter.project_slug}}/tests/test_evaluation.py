@@ -50,8 +50,8 @@ def evaluate(weighted: bool, tmp_path: Path, device: object) -> float:
     return evaluator(model)["loss"]
 
 
-def test_eval_means_are_weighted_by_the_tasks_weight(tmp_path: Path, xla_device: object) -> None:
+def test_eval_means_are_weighted_by_the_tasks_weight(tmp_path: Path, device: object) -> None:
     """It averages over the weight (loss-carrying tokens) when given, else over samples."""
     weighted = sum(v * c for v, c in zip(VALUES, COUNTS, strict=True)) / sum(COUNTS)
-    assert abs(evaluate(True, tmp_path, xla_device) - weighted) < 1e-5
-    assert abs(evaluate(False, tmp_path, xla_device) - sum(VALUES) / len(VALUES)) < 1e-5
+    assert abs(evaluate(True, tmp_path, device) - weighted) < 1e-5
+    assert abs(evaluate(False, tmp_path, device) - sum(VALUES) / len(VALUES)) < 1e-5

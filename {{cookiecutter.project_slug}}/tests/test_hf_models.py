@@ -120,7 +120,7 @@ def test_decoder_under_bf16_mixed_and_activation_checkpointing_stays_one_graph(
     assert summary["precision"] == "bf16-mixed"
 
 
-def test_mask_checks_read_nothing_from_the_device(xla_device: Any) -> None:
+def test_mask_checks_read_nothing_from_the_device(device: Any) -> None:
     """It builds masks with and without a padding mask without a device-to-host transfer."""
     import torch_xla
 
@@ -129,9 +129,9 @@ def test_mask_checks_read_nothing_from_the_device(xla_device: Any) -> None:
     from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
 
     task = make_task(**{**OPTIONS, "architecture": "qwen2", "max_bytes": 4000})
-    model = prepare(task.build_model()).to(xla_device)
-    tokens = torch.randint(0, 256, (2, 8)).to(xla_device)
-    padding = torch.ones(2, 8, dtype=torch.long).to(xla_device)
+    model = prepare(task.build_model()).to(device)
+    tokens = torch.randint(0, 256, (2, 8)).to(device)
+    padding = torch.ones(2, 8, dtype=torch.long).to(device)
     torch_xla.sync()
 
     before = transfer_count()
@@ -142,7 +142,7 @@ def test_mask_checks_read_nothing_from_the_device(xla_device: Any) -> None:
     assert transfer_count() == before
 
 
-def test_mask_checks_read_the_device_without_the_fix(xla_device: Any) -> None:
+def test_mask_checks_read_the_device_without_the_fix(device: Any) -> None:
     """It shows the read the fix removes: transformers' packed-sequence check on XLA."""
     import torch_xla
     from transformers import masking_utils
@@ -151,7 +151,7 @@ def test_mask_checks_read_the_device_without_the_fix(xla_device: Any) -> None:
     from {{ cookiecutter.package_name }}.hf.masks import static_masks
 
     static_masks()
-    positions = torch.arange(8).expand(2, -1).to(xla_device)
+    positions = torch.arange(8).expand(2, -1).to(device)
     torch_xla.sync()
     fixed_at = transfer_count()
     fixed = masking_utils.find_packed_sequence_indices(positions)
@@ -222,7 +222,7 @@ def test_a_forward_given_no_positions_attends_causally_without_a_document_mask(
     assert (packed[:, 8:] - alone[:, 8:]).abs().max() > 1e-3  # the second documents, alone
 
 
-def test_packed_documents_have_the_losses_they_have_alone(tmp_path: Path, xla_device: Any) -> None:
+def test_packed_documents_have_the_losses_they_have_alone(tmp_path: Path, device: Any) -> None:
     """It gives each document of a packed window its losses alone (Llama), in one graph with
     no host read, through the project's attention and through transformers' SDPA masks."""
     import copy
@@ -260,8 +260,8 @@ def test_packed_documents_have_the_losses_they_have_alone(tmp_path: Path, xla_de
         unmasked = losses(reference, x, y)
         packed = {}
         for name, chosen in (("project", model), ("transformers", reference)):
-            on_device = copy.deepcopy(chosen).to(xla_device)
-            inputs = [tensor.to(xla_device) for tensor in (x, y, positions)]
+            on_device = copy.deepcopy(chosen).to(device)
+            inputs = [tensor.to(device) for tensor in (x, y, positions)]
             torch_xla.sync()
             before = health.snapshot()
             found = losses(on_device, inputs[0], inputs[1], position_ids=inputs[2])

@@ -197,7 +197,7 @@ def test_router_aux_loss_is_part_of_the_training_loss() -> None:
         assert abs(float(loss - (next_token + expected * aux))) <= 1e-5
 
 
-def test_flops_count_the_active_experts_not_all_of_them(xla_device: Any) -> None:
+def test_flops_count_the_active_experts_not_all_of_them(device: Any) -> None:
     """It counts a token's top-k experts: 8 experts cost what 4 do, at many more parameters."""
     # (As in a run, the XLA device is in use first: autograd must know it before any
     # backward pass, the meta one included.)
