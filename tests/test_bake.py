@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import COMBOS, Baked, load_hook, tool_env
+from helpers import COMBOS, TEMPLATE_DIR, Baked, load_hook, tool_env
 
 POST_GEN = load_hook("post_gen_project")
 
@@ -150,7 +150,8 @@ def test_keeps_only_the_chosen_example_task(baked: Baked) -> None:
 
 
 def test_emits_one_backend(baked: Baked) -> None:
-    """It leaves no backend folder behind, and the chosen backend's core in core/."""
+    """It leaves no backend folder behind, and the chosen backend's core in core/; a torch_tpu
+    bake keeps every test file of the shared code (all but the torch_xla-only ones)."""
     assert not (baked.path / POST_GEN.BACKENDS_DIR).exists()
     core = baked.package_dir / "core"
     runtime = (core / "runtime.py").read_text(encoding="utf-8")
@@ -158,6 +159,11 @@ def test_emits_one_backend(baked: Baked) -> None:
         assert "torch.distributed" in runtime and "import torch_xla" not in runtime
         assert not (core / "strategies" / "spmd.py").exists()
         assert (baked.path / "tests" / "test_distributed.py").is_file()
+        pruned = {*POST_GEN.paths_to_prune(baked.context), *POST_GEN.TORCH_XLA_ONLY}
+        template_tests = TEMPLATE_DIR / "{{cookiecutter.project_slug}}" / "tests"
+        shared = {f"tests/{path.name}" for path in template_tests.glob("test_*.py")}
+        missing = sorted(path for path in shared - pruned if not (baked.path / path).is_file())
+        assert not missing, missing
     else:
         assert "torch_xla.runtime" in runtime
         assert (core / "strategies" / "spmd.py").is_file()

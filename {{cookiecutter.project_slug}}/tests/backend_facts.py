@@ -73,6 +73,7 @@ DOCTOR_DEVICE = "XLA:CPU (xla:0), 1 device"
 # backward() and in the optimizer, into more graphs under fsdp and gradient accumulation. The
 # tests of that count are expected to fail (strict: one that passes says so); the guard's
 # (no graph compiled after warm-up) hold.
+ONE_GRAPH_PER_STEP_KIND = False
 one_graph_per_step_kind = pytest.mark.xfail(
     strict=True, reason="torch_tpu compiles several graphs for one step kind (dynamo's splits)"
 )
@@ -81,6 +82,9 @@ one_graph_per_step_kind = pytest.mark.xfail(
 
 # A training step and an evaluation step compile one graph each, traced once and replayed:
 # the tests of that count run as they are.
+ONE_GRAPH_PER_STEP_KIND = True
+
+
 def one_graph_per_step_kind(test: Any) -> Any:
     return test
 {%- endif %}
