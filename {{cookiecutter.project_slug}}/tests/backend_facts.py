@@ -26,9 +26,13 @@ MANY_DEVICES = 2
 # The strategy that copies the model to every device, and the one that shards it.
 REPLICATED = "ddp"
 SHARDED = "fsdp"
+# `make train-8 ACCELERATOR=cpu` starts 8 processes: its tests ask for 2 (`--devices 2`).
+TRAIN_8_DEVICES = 2
 STRATEGIES = ("single", "ddp", "fsdp")
 # A plain `module.to(device)` keeps tied weights one parameter on the CPU.
 PLAIN_TO_UNTIES = False
+# AdamW counts its steps on the host (not capturable): its state on the device is its moments.
+STEP_COUNTS_ON_DEVICE = False
 # What the step guard calls a device read.
 TRANSFER = "device-to-host read"
 # Where `profile` writes its traces (below RUN_DIR/profile/plugins/profile), and a line of
@@ -53,9 +57,13 @@ MANY_DEVICES = 8
 # The strategy that copies the model to every device, and the one that shards it.
 REPLICATED = "spmd"
 SHARDED = "fsdp"
+# `make train-8 ACCELERATOR=cpu` emulates 8 devices in one process, as its tests run it.
+TRAIN_8_DEVICES = 8
 STRATEGIES = ("single", "ddp", "spmd", "fsdp")
 # A plain `module.to(device)` gives each tied use its own copy on the XLA device.
 PLAIN_TO_UNTIES = True
+# AdamW counts its steps on the device (capturable): a 4-byte count per parameter tensor.
+STEP_COUNTS_ON_DEVICE = True
 # What the step guard calls a device read.
 TRANSFER = "device-to-host transfer"
 # Where `profile` writes its traces (below RUN_DIR/profile/plugins/profile), and a line of

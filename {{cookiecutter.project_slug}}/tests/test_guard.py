@@ -13,7 +13,7 @@ from {{ cookiecutter.package_name }}.core import HealthError, make_plan, ops
 from {{ cookiecutter.package_name }}.tasks import load_task
 from {{ cookiecutter.package_name }}.training import TrainConfig, fit
 
-from backend_facts import TRANSFER, one_graph_per_step_kind
+from backend_facts import TRANSFER
 from training_helpers import TINY
 
 # Batch sizes no other test uses, so this module's graphs compile here, cold; the
@@ -79,7 +79,6 @@ def test_multi_epoch_fit_with_eval_passes_the_guard(
     assert summary["fallback_ops"] == {}
 
 
-@one_graph_per_step_kind
 def test_multi_epoch_fit_with_eval_compiles_each_graph_once(
     two_epochs: tuple[TrainConfig, Any, Any],
 ) -> None:

@@ -216,7 +216,10 @@ def test_causal_decoders_run_the_projects_attention_and_windowed_ones_keep_sdpa(
         if architecture == "mistral":
             task.config.sliding_window = 8
         chosen[architecture] = prepare_model(task.build_model()).config._attn_implementation
-    assert chosen == {"llama": NAME, "qwen2": NAME, "gemma2": "sdpa", "mistral": "sdpa"}
+    # Gemma2 keeps transformers' own too: SDPA, or eager where transformers (5.24 on) refuses
+    # SDPA for its soft-capped logits.
+    assert chosen.pop("gemma2") in ("sdpa", "eager")
+    assert chosen == {"llama": NAME, "qwen2": NAME, "mistral": "sdpa"}
 
 
 def test_a_forward_given_no_positions_attends_causally_without_a_document_mask(

@@ -16,7 +16,7 @@ from {{ cookiecutter.package_name }}.core.checkpointing import saved_keys
 from {{ cookiecutter.package_name }}.training import build_config, fit
 from {{ cookiecutter.package_name }}.training.export import export_checkpoint
 
-from backend_facts import MANY_DEVICES, ONE_GRAPH_PER_STEP_KIND
+from backend_facts import MANY_DEVICES, ONE_GRAPH_PER_STEP_KIND, STEP_COUNTS_ON_DEVICE
 from gates import Gate
 from hf_helpers import assert_only_adapters_saved
 from training_helpers import TINY, cli, preempt_then_resume, write_config
@@ -67,9 +67,13 @@ def test_lora_trains_only_the_adapters(lora_run: dict[str, Any], base_model: Pat
     before = json.loads((base_model / "eval.json").read_text())["loss"]
     assert lora_run["eval"]["loss"] < before - 0.005, (lora_run["eval"], before)
     memory = lora_run["memory"]
-    # AdamW in fp32: two moments per adapter weight, and a step count per adapter tensor.
+    # AdamW in fp32: two moments per adapter weight, and a step count per adapter tensor where
+    # the backend keeps it on the device.
     counters = memory["optimizer_bytes_total"] - 2 * 4 * counts["trainable"]
-    assert counters % 4 == 0 and 0 < counters // 4 < 64, memory
+    if STEP_COUNTS_ON_DEVICE:
+        assert counters % 4 == 0 and 0 < counters // 4 < 64, memory
+    else:
+        assert counters == 0, memory
     assert lora_run["loop_compilations"] == 1 or not ONE_GRAPH_PER_STEP_KIND
 
 

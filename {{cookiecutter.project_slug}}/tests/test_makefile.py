@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from backend_facts import CPU_KIND, REPLICATED, one_graph_per_step_kind
+from backend_facts import CPU_KIND, REPLICATED, TRAIN_8_DEVICES, one_graph_per_step_kind
 from training_helpers import cli_env, write_config
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -29,11 +29,13 @@ def _make(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _train(target: str, folder: Path) -> tuple[str, dict[str, Any]]:
-    """Two steps of the tiny run through a make target; its output and summary."""
+def _train(target: str, folder: Path, *args: str) -> tuple[str, dict[str, Any]]:
+    """Two steps of the tiny run through a make target (`args` after its own); its output and
+    summary."""
     config = write_config(folder, max_steps=2, log_every=1)
     run_dir = folder / "run"
-    result = _make(target, "ACCELERATOR=cpu", f"ARGS=--config {config} --run-dir {run_dir}")
+    options = " ".join(["--config", str(config), "--run-dir", str(run_dir), *args])
+    result = _make(target, "ACCELERATOR=cpu", f"ARGS={options}")
     assert result.returncode == 0, result.stderr
     return result.stdout, json.loads((run_dir / "summary.json").read_text())
 
@@ -46,8 +48,10 @@ def train_single(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[st
 
 @pytest.fixture(scope="module")
 def train_8(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
-    """`make train-8 ACCELERATOR=cpu`'s run: its output and summary."""
-    return _train("train-8", tmp_path_factory.mktemp("train-8"))
+    """`make train-8 ACCELERATOR=cpu`'s run: its output and summary (on fewer devices where
+    each is a process to start)."""
+    fewer = () if TRAIN_8_DEVICES == 8 else ("--devices", str(TRAIN_8_DEVICES))
+    return _train("train-8", tmp_path_factory.mktemp("train-8"), *fewer)
 
 
 def test_make_train_single_trains_on_one_device(train_single: tuple[str, dict[str, Any]]) -> None:
@@ -57,11 +61,12 @@ def test_make_train_single_trains_on_one_device(train_single: tuple[str, dict[st
 
 
 def test_make_train_8_runs_8_cpu_devices(train_8: tuple[str, dict[str, Any]]) -> None:
-    """It trains on 8 CPU devices with `make train-8 ACCELERATOR=cpu` (spmd on torch_xla,
-    8 processes under ddp on torch_tpu)."""
+    """It trains on CPU devices with `make train-8 ACCELERATOR=cpu`: 8 under spmd on torch_xla,
+    one process each under ddp on torch_tpu (2 here: `--devices 2` after the target's)."""
     output, summary = train_8
-    assert (summary["strategy"], summary["devices"], summary["steps"]) == (REPLICATED, 8, 2)
-    assert f"{REPLICATED} on 8 {CPU_KIND} device(s)" in output
+    devices = TRAIN_8_DEVICES
+    assert (summary["strategy"], summary["devices"], summary["steps"]) == (REPLICATED, devices, 2)
+    assert f"{REPLICATED} on {devices} {CPU_KIND} device(s)" in output
 
 
 @one_graph_per_step_kind
