@@ -230,7 +230,7 @@ def evaluate(
         saved.update({k: v for k, v in flags.items() if v is not None})
         cfg = build_config(None, saved)
         plan = plan_of(cfg)
-        if plan.strategy.spawns():
+        if not plan.strategy.returns_result():
             fail("eval returns its metrics from one process: use --strategy spmd or --devices 1")
         metrics = launch(evaluate_checkpoint, plan, args=(cfg, plan, path))
     except (CheckpointError, ConfigError, RuntimeConfigError, ValueError) as error:
