@@ -66,56 +66,18 @@ PRUNE: dict[str, dict[str, tuple[str, ...]]] = {
 # default's, adding its own), then the folder goes. The default backend has none there.
 BACKENDS_DIR = "_backends"
 # Files of the default backend (torch_xla) that another backend's bake does without: its
-# modules, and the tests that speak to torch_xla or whose shared code the default bake's
-# suite proves (a torch_tpu bake keeps its suite small: see _backends/torch_tpu/tests).
+# modules, and the tests whose subject only torch_xla has (its sharding specs, its scan). The
+# tests of the shared code run in every bake; what they expect of a backend, the bake's
+# tests/conftest.py and tests/backend_facts.py say.
 TORCH_XLA_ONLY = (
-    "tests/test_sharding.py",
     "benchmarks/contenders.py",
     "benchmarks/workloads.py",
     "benchmarks/profiling.py",
     "benchmarks/report.py",
     "src/{package}/core/checkpoint_planner.py",
     "src/{package}/core/strategies/spmd.py",
-    "tests/test_batches.py",
-    "tests/test_checkpoints.py",
-    "tests/test_cli.py",
-    "tests/test_data_training.py",
-    "tests/test_diagnostics.py",
-    "tests/test_doctor.py",
-    "tests/test_evaluation.py",
-    "tests/test_fsdp.py",
-    "tests/test_guard.py",
-    "tests/test_hf_export.py",
-    "tests/test_hf_models.py",
-    "tests/test_hf_moe.py",
-    "tests/test_lora.py",
-    "tests/test_multislice.py",
-    "tests/test_optimizers.py",
-    "tests/test_plan.py",
-    "tests/test_precision.py",
-    "tests/test_replay.py",
-    "tests/test_runtime.py",
+    "tests/test_sharding.py",
     "tests/test_scan.py",
-    "tests/test_spot.py",
-    "tests/test_spot_rehearsal.py",
-    "tests/test_strategy.py",
-    "tests/test_streaming.py",
-    "tests/test_task_hf_causal_lm.py",
-    "tests/test_task_lm.py",
-    "tests/test_task_vision.py",
-    "tests/test_throughput.py",
-    "tests/test_trainer.py",
-    "tests/test_tying.py",
-    "tests/test_your_model.py",
-    "tests/test_data_ray.py",
-    "tests/test_pod.py",
-    "tests/test_dockerfile.py",
-    "tests/test_startup_script.py",
-    "tests/test_makefile.py",
-    "tests/test_readme.py",
-    "tests/test_goodput.py",
-    "tests/test_attention.py",
-    "tests/test_wandb.py",
 )
 OTHER_BACKEND_PRUNE = {"torch_tpu": TORCH_XLA_ONLY}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import COMBOS, Baked, load_hook, tool_env
+from helpers import COMBOS, TEMPLATE_DIR, Baked, load_hook, tool_env
 
 POST_GEN = load_hook("post_gen_project")
 
@@ -33,6 +33,12 @@ TASK_FILES = {
         "configs/hf-causal-lm.toml",
     ),
 }
+
+
+# A relative link of a Markdown file (no scheme, not an anchor alone), and a test file named
+# (the project's own: the command inventory names the template's as `template: tests/...`).
+RELATIVE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#)([^)\s#]+)")
+TEST_FILE = re.compile(r"(?<![\w/.-])(?<!template: )(?:tests/)?(test_\w+\.py)\b")
 
 
 @pytest.fixture(params=list(COMBOS), scope="module")
@@ -144,7 +150,8 @@ def test_keeps_only_the_chosen_example_task(baked: Baked) -> None:
 
 
 def test_emits_one_backend(baked: Baked) -> None:
-    """It leaves no backend folder behind, and the chosen backend's core in core/."""
+    """It leaves no backend folder behind, and the chosen backend's core in core/; a torch_tpu
+    bake keeps every test file of the shared code (all but the torch_xla-only ones)."""
     assert not (baked.path / POST_GEN.BACKENDS_DIR).exists()
     core = baked.package_dir / "core"
     runtime = (core / "runtime.py").read_text(encoding="utf-8")
@@ -152,10 +159,32 @@ def test_emits_one_backend(baked: Baked) -> None:
         assert "torch.distributed" in runtime and "import torch_xla" not in runtime
         assert not (core / "strategies" / "spmd.py").exists()
         assert (baked.path / "tests" / "test_distributed.py").is_file()
+        pruned = {*POST_GEN.paths_to_prune(baked.context), *POST_GEN.TORCH_XLA_ONLY}
+        template_tests = TEMPLATE_DIR / "{{cookiecutter.project_slug}}" / "tests"
+        shared = {f"tests/{path.name}" for path in template_tests.glob("test_*.py")}
+        missing = sorted(path for path in shared - pruned if not (baked.path / path).is_file())
+        assert not missing, missing
     else:
         assert "torch_xla.runtime" in runtime
         assert (core / "strategies" / "spmd.py").is_file()
         assert not (baked.path / "tests" / "test_distributed.py").exists()
+
+
+def test_docs_link_and_name_only_what_the_bake_has(baked: Baked) -> None:
+    """It resolves every relative link of the README and docs/, and finds in tests/ every
+    test file they name, whatever the backend and example."""
+    documents = [baked.path / "README.md", *sorted((baked.path / "docs").glob("*.md"))]
+    broken, missing = [], []
+    for document in documents:
+        text = document.read_text(encoding="utf-8")
+        for target in RELATIVE_LINK.findall(text):
+            if not (document.parent / target).exists():
+                broken.append(f"{document.name} -> {target}")
+        for name in TEST_FILE.findall(text):
+            if not (baked.path / "tests" / name).is_file():
+                missing.append(f"{document.name} names tests/{name}")
+    assert not broken, broken
+    assert not missing, missing
 
 
 def test_records_answers_without_absolute_paths(baked: Baked) -> None:

@@ -81,17 +81,36 @@ def test_torch_tpu_bake_installs_and_passes_its_suite_from_a_plain_shell(
     assert not counts.get("deselected") and not counts.get("error"), output[-3000:]
 
 
+# What the torch_tpu bake of the hf-causal-lm example runs of its suite: the quick tier of the
+# tests its task changes, and its every-layout runs whole (a tiny Llama, LoRA under FSDP2).
+# The rest is the shared code's suite, which the torch_tpu lm bake runs whole
+# (test_torch_tpu_bake_installs_and_passes_its_suite_from_a_plain_shell); the slow tier of the
+# Hugging Face tests trains each decoder and mixture under fsdp, for minutes each.
+TORCH_TPU_HF_QUICK = (
+    "-m 'not slow' tests/test_task_hf_causal_lm.py tests/test_hf_models.py tests/test_hf_moe.py "
+    "tests/test_lora.py tests/test_hf_export.py"
+)
+
+
 @pytest.mark.suite
 def test_torch_tpu_hf_bake_installs_and_passes_its_suite_from_a_plain_shell(
     bake_combo: Callable[[str], Baked], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """It passes the torch_tpu bake of the hf-causal-lm example the same way: a tiny Llama in
-    every layout, and LoRA in bf16-mixed on one process and under FSDP2."""
+    """It passes the torch_tpu bake of the hf-causal-lm example the same way: the quick tier of
+    the tests its task changes (transformers decoders and mixtures, LoRA, the Hugging Face
+    export), and a tiny Llama in every layout with LoRA in bf16-mixed on one process and
+    under FSDP2."""
     installed = install_the_users_way(
         bake_combo, "torch-tpu-hf-causal-lm-fsdp", tmp_path_factory.mktemp("torch-tpu-hf")
     )
-    args = "PYTEST_ARGS=-q -p no:cacheprovider -rpfE"  # the passed tests by name, then failures
-    output = run(["make", "test", args], installed.project, installed.env, 2400)
+    quick = f"PYTEST_ARGS=-q -p no:cacheprovider -rfE {TORCH_TPU_HF_QUICK}"
+    output = run(["make", "test", quick], installed.project, installed.env, 2400)
+    counts = pytest_summary(output)
+    assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
+    assert not counts.get("error"), output[-3000:]
+    # The passed tests by name, then failures.
+    layouts = "PYTEST_ARGS=-q -p no:cacheprovider -rpfE tests/test_distributed.py"
+    output = run(["make", "test", layouts], installed.project, installed.env, 2400)
     counts = pytest_summary(output)
     assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
     assert not counts.get("deselected") and not counts.get("error"), output[-3000:]

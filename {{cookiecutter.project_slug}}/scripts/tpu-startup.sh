@@ -2,8 +2,9 @@
 # TPU VM startup script: runs on every worker at boot, via
 #   --metadata-from-file startup-script=scripts/tpu-startup.sh
 # Installs torch the way the Dockerfile does: torch from the CPU wheel index (a TPU VM
-# needs no CUDA; the default index would fetch ~3 GB of it), then torch_xla[tpu] with
-# libtpu from the pip index. Idempotent: what is installed already is not redone.
+# needs no CUDA; the default index would fetch ~3 GB of it), then {% if cookiecutter.backend == "torch_tpu" %}torch-tpu (TorchTPU) with
+# libtpu{% else %}torch_xla[tpu] with
+# libtpu{% endif %} from the pip index. Idempotent: what is installed already is not redone.
 # Progress goes to the log as "step N/M: ..." lines and to the guest attribute
 # {{ cookiecutter.project_slug }}/startup; `make tpu-status` shows both. The marker
 # file is written last: it says the worker is ready.
@@ -88,7 +89,7 @@ main() {
     if [[ -n "$IMAGE" ]]; then
         step 2 "pulling $IMAGE"
         run docker pull "$IMAGE"
-        step 3 "torch and torch_xla come with the image"
+        step 3 "torch and {% if cookiecutter.backend == "torch_tpu" %}torch-tpu{% else %}torch_xla{% endif %} come with the image"
     else
         step 2 "virtual environment $VENV"
         if [[ -x "$VENV/bin/python" ]]; then

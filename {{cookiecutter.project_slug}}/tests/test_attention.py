@@ -1,16 +1,21 @@
 """Attention within documents: segments from positions, the kernel chosen per device, and the
-arguments TPU's flash kernel would get (the kernel itself needs a TPU)."""
+arguments TPU's flash kernel would get (the kernel itself needs a TPU; it is torch_xla's)."""
 
 from __future__ import annotations
 
+{% if cookiecutter.backend == "torch_xla" -%}
 import json
 import sys
 from pathlib import Path
+{% endif -%}
 from typing import Any
 
+{% if cookiecutter.backend == "torch_xla" -%}
 import pytest
+{% endif -%}
 import torch
 
+{% if cookiecutter.backend == "torch_xla" -%}
 from {{ cookiecutter.package_name }}.core import attention
 from {{ cookiecutter.package_name }}.core.attention import (
     FLASH,
@@ -20,8 +25,27 @@ from {{ cookiecutter.package_name }}.core.attention import (
     flash_arguments,
     kernel_for,
 )
+{%- else -%}
+from {{ cookiecutter.package_name }}.core.attention import SDPA, document_segments, kernel_for
+{%- endif %}
 
 
+def test_segments_start_wherever_positions_restart() -> None:
+    """It numbers documents from positions that restart at 0 or jump (a window's start)."""
+    positions = torch.tensor([[3, 4, 5, 0, 1, 0, 0, 1], [0, 1, 2, 3, 4, 5, 6, 7]])
+    segments = document_segments(positions)
+    assert segments.tolist() == [[0, 0, 0, 1, 1, 2, 3, 3], [0] * 8]
+    assert segments.dtype == torch.int32
+
+
+def test_sdpa_runs_off_a_tpu(device: Any) -> None:
+    """It picks SDPA for the device's tensors off a TPU, and for eager CPU tensors."""
+    assert kernel_for(torch.zeros(1, device=device)) == SDPA
+    assert kernel_for(torch.zeros(1)) == SDPA
+{%- if cookiecutter.backend == "torch_xla" %}
+
+
+# torch_xla only: its Pallas flash kernel (torch_tpu's attention is PyTorch's SDPA).
 def flash_contract(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -47,19 +71,11 @@ def flash_contract(
     return torch.einsum("bhqk,bhkd->bhqd", logits.softmax(-1), v.float())
 
 
-def test_segments_start_wherever_positions_restart() -> None:
-    """It numbers documents from positions that restart at 0 or jump (a window's start)."""
-    positions = torch.tensor([[3, 4, 5, 0, 1, 0, 0, 1], [0, 1, 2, 3, 4, 5, 6, 7]])
-    segments = document_segments(positions)
-    assert segments.tolist() == [[0, 0, 0, 1, 1, 2, 3, 3], [0] * 8]
-    assert segments.dtype == torch.int32
-
-
 def test_sdpa_runs_on_xla_cpu_and_flash_is_chosen_on_a_tpu_with_the_kernel(
-    xla_device: Any, monkeypatch: pytest.MonkeyPatch
+    device: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """It picks SDPA on XLA:CPU and the flash kernel on a TPU where jax is, not for dropout."""
-    tensor = torch.zeros(1, device=xla_device)
+    tensor = torch.zeros(1, device=device)
     assert kernel_for(tensor) == SDPA
     monkeypatch.setenv("PJRT_DEVICE", "TPU")
     monkeypatch.setattr(attention, "_flash_installed", lambda: False)
@@ -70,15 +86,15 @@ def test_sdpa_runs_on_xla_cpu_and_flash_is_chosen_on_a_tpu_with_the_kernel(
     assert kernel_for(torch.zeros(1)) == SDPA  # eager CPU tensors
 
 
-def test_flash_arguments_mean_what_sdpa_computes(xla_device: Any) -> None:
+def test_flash_arguments_mean_what_sdpa_computes(device: Any) -> None:
     """It hands the kernel causal attention, one segment id per document and the scale: by
     the kernel's own contract, the output SDPA gives with the block-diagonal mask."""
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 12, 8).to(xla_device) for _ in range(3))
+    q, k, v = (torch.randn(2, 4, 12, 8).to(device) for _ in range(3))
     positions = torch.tensor(
         [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4], [5, 6, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1]]
     )
-    segments = document_segments(positions).to(xla_device)
+    segments = document_segments(positions).to(device)
     arguments = flash_arguments(q, k, v, segments, 8**-0.5)
 
     assert arguments["causal"] is True and arguments["sm_scale"] == 8**-0.5
@@ -136,3 +152,4 @@ def test_flash_splits_batch_and_heads_over_the_mesh_and_keeps_tokens_whole(
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     print(json.dumps(mesh_layouts()))
+{%- endif %}

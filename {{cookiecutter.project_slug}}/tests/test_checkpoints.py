@@ -15,15 +15,17 @@ import pytest
 
 from {{ cookiecutter.package_name }}.core.checkpoint_files import completed_steps
 
+from backend_facts import MANY_DEVICES, REPLICATED, many
 from gates import PATIENCE, Gate
 from training_helpers import cli, popen, preempt, threads_left, write_config
 
 pytestmark = pytest.mark.slow  # several end-to-end runs: `make test-fast` skips them
 
 STEPS = 12
+SHARDED = f"fsdp-x{MANY_DEVICES}"
 STRATEGIES = {
     "one-device": ("--devices", "1", "--batch-size", "16"),
-    "fsdp-x8": ("--devices", "8", "--strategy", "fsdp", "--batch-size", "2"),
+    SHARDED: (*many("fsdp"), "--batch-size", str(16 // MANY_DEVICES)),
 }
 
 
@@ -71,14 +73,11 @@ def test_preempted_run_continues_from_gcs_on_a_new_machine(
     assert losses(second / "run") == losses(reference)
 
 
-def test_checkpoints_evaluate_alike_on_one_device_and_fsdp_x8(uninterrupted: Any) -> None:
-    """It evaluates an fsdp x8 checkpoint on one device and a one-device one under fsdp x8."""
+def test_checkpoints_evaluate_alike_on_one_device_and_under_fsdp(uninterrupted: Any) -> None:
+    """It evaluates an fsdp checkpoint on one device and a one-device one under fsdp."""
     _, reference = uninterrupted
     results = []
-    for args in (
-        ("--devices", "1", "--strategy", "single"),
-        ("--devices", "8", "--strategy", "fsdp"),
-    ):
+    for args in (("--devices", "1", "--strategy", "single"), many("fsdp")):
         done = cli("eval", "--checkpoint", str(reference / "checkpoints"), *args)
         assert done.returncode == 0, done.stderr[-3000:]
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -87,10 +86,11 @@ def test_checkpoints_evaluate_alike_on_one_device_and_fsdp_x8(uninterrupted: Any
 
 
 def test_checkpoint_resumes_under_another_strategy(uninterrupted: Any, tmp_path: Path) -> None:
-    """It continues an fsdp x8 run under spmd x8 and a one-device run under fsdp x8."""
+    """It continues an fsdp run under the replicated strategy (spmd, ddp) and a one-device run
+    under fsdp."""
     name, reference = uninterrupted
-    other = ("--devices", "8", "--strategy", "spmd" if name == "fsdp-x8" else "fsdp")
-    batch = ("--batch-size", "2")  # the same global batch of 16 on 8 devices
+    other = many(REPLICATED if name == SHARDED else "fsdp")
+    batch = ("--batch-size", str(16 // MANY_DEVICES))  # the same global batch of 16
     run_dir = tmp_path / "run"
     shutil.copytree(reference / "checkpoints", run_dir / "checkpoints")
     more = cli(
@@ -154,7 +154,12 @@ def test_unwritable_destination_stops_with_one_line_and_keeps_the_last_checkpoin
 def agreement_run(rank: int, port: int, stop_rank: int, stop_step: int, cadence: int) -> int:
     """One of two processes of a job: train-loop steps until the job agrees to stop."""
     import torch.distributed as dist
+{% if cookiecutter.backend == "torch_tpu" %}
+    from {{ cookiecutter.package_name }}.core.strategies import DataParallelProcesses
 
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    strategy = DataParallelProcesses("cpu", 2)  # one process each, met in the group above
+{%- else %}
     from {{ cookiecutter.package_name }}.core.strategies import SpmdDataParallel
 
     class TwoHosts(SpmdDataParallel):
@@ -165,6 +170,7 @@ def agreement_run(rank: int, port: int, stop_rank: int, stop_step: int, cadence:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     strategy = TwoHosts("cpu", 1)
+{%- endif %}
     requested = False
     for step in range(1, 100):
         requested = requested or (rank == stop_rank and step == stop_step)  # SIGTERM here only

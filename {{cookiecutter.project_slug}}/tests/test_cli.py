@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from {{ cookiecutter.package_name }}.cli import app
 
+from backend_facts import STRATEGIES
 from training_helpers import TINY, cli, write_config
 
 runner = CliRunner()
@@ -38,6 +39,14 @@ def test_every_command_has_help(command: list[str]) -> None:
     result = runner.invoke(app, [*command, "--help"])
     assert result.exit_code == 0
     assert "Usage" in result.output
+
+
+def test_train_help_names_the_backends_strategies_only() -> None:
+    """It lists the strategies this backend runs in `train --help`, and no other."""
+    result = runner.invoke(app, ["train", "--help"])
+    assert result.exit_code == 0
+    named = {name for name in ("single", "ddp", "spmd", "fsdp") if name in result.output}
+    assert named == set(STRATEGIES), result.output
 
 
 def test_config_show_applies_file_then_overrides(tmp_path: Path) -> None:
@@ -89,7 +98,9 @@ BAD_TRAIN = {
     "bad-mesh": (["--devices", "8", "--strategy", "fsdp", "--mesh", "fsdp=4"], "mesh 'fsdp=4'"),
     "unknown-mesh-axis": (["--devices", "8", "--strategy", "fsdp", "--mesh", "tp=8"], "'tp'"),
     "zero-devices": (["--devices", "0"], "invalid devices '0'"),
+{%- if cookiecutter.backend == "torch_xla" %}
     "ddp-on-cpu": (["--devices", "8", "--strategy", "ddp"], "--strategy spmd"),
+{%- endif %}
     "single-with-8": (["--devices", "8", "--strategy", "single"], "strategy 'single'"),
     "core-id-on-cpu": (["--devices", "[5]"], "needs a TPU"),
     "missing-data": (["--data", "/no/such/corpus"], "does not exist"),

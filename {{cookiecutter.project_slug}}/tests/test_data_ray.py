@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -218,6 +219,25 @@ def test_ray_cluster_file_is_one_ray_up_accepts() -> None:
     config["max_workers"] = "many"
     with pytest.raises(Exception, match="many"):
         validate_config(prepare_config(config))
+
+
+def test_ray_cluster_installs_the_projects_own_torch_from_the_cpu_index() -> None:
+    """It installs, before the project, the torch release pyproject.toml pins, from the CPU
+    index: the project's install keeps it and pulls no other torch."""
+    import yaml
+
+    config = yaml.safe_load((PROJECT / "configs" / "ray-cluster.yaml").read_text())
+    commands = config["setup_commands"]
+    first = next(i for i, line in enumerate(commands) if "--index-url" in line)
+    project = next(i for i, line in enumerate(commands) if "install --quiet -e" in line)
+    assert first < project, commands
+    (torch,) = re.findall(r'"(torch==[^"]+)"', (PROJECT / "pyproject.toml").read_text())
+    # The command as a node's shell runs it, with the project where file_mounts put it.
+    mounted = "~/{{ cookiecutter.project_slug }}"
+    echoed = commands[first].replace("~/venv/bin/pip", "echo").replace(mounted, str(PROJECT))
+    said = subprocess.run(["bash", "-c", echoed], capture_output=True, text=True, check=True)
+    index = "https://download.pytorch.org/whl/cpu"
+    assert said.stdout.split()[-3:] == ["--index-url", index, torch]
 
 
 def test_ray_node_script_is_shellcheck_clean() -> None:

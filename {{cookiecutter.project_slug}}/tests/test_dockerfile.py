@@ -38,13 +38,15 @@ def test_dockerfile_is_hadolint_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_dockerfile_installs_the_pinned_torch_and_torch_xla() -> None:
-    """It installs the same torch and torch_xla[tpu] versions the package pins."""
+def test_dockerfile_installs_the_pinned_torch_and_backend() -> None:
+    """It installs the torch the package pins and its `tpu` extra's backend (torch_xla[tpu],
+    or torch-tpu), at the same versions."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     pins = _pins(project["dependencies"])
     text = DOCKERFILE.read_text(encoding="utf-8")
     assert f"torch=={pins['torch']}" in text
-    assert f'"torch_xla[tpu]=={pins["torch_xla"]}"' in text
+    (backend,) = project["optional-dependencies"]["tpu"]
+    assert f'"{backend}"' in text
 
 
 def test_dockerfile_takes_base_image_and_torch_index_as_build_args() -> None:

@@ -14,13 +14,14 @@ from typer.testing import CliRunner
 from {{ cookiecutter.package_name }}.cli import app
 from {{ cookiecutter.package_name }}.core import doctor, host_checks
 
+from backend_facts import DOCTOR_DEVICE, DOCTOR_VERSIONS
 from training_helpers import cli_env
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 
 
-def test_doctor_on_xla_cpu_reports_versions_and_one_device() -> None:
-    """It prints torch/torch_xla in lockstep and XLA:CPU with 1 device, and exits 0."""
+def test_doctor_off_a_tpu_reports_versions_and_the_device() -> None:
+    """It prints the backend's versions and the device off a TPU, and exits 0."""
     env = {k: v for k, v in cli_env().items() if not k.startswith(("XRT_", "XLA_PERSISTENT"))}
     result = subprocess.run(
         [sys.executable, "-m", PACKAGE, "doctor"],
@@ -31,12 +32,22 @@ def test_doctor_on_xla_cpu_reports_versions_and_one_device() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "torch 2.9" in result.stdout and "torch_xla 2.9" in result.stdout
-    assert "(in lockstep)" in result.stdout
+    for said in DOCTOR_VERSIONS:
+        assert said in result.stdout, result.stdout
     accelerator = next(line for line in result.stdout.splitlines() if " accelerator " in line)
-    assert accelerator.startswith("ok") and "XLA:CPU" in accelerator
-    assert accelerator.endswith(", 1 device")
+    assert accelerator.startswith("ok") and DOCTOR_DEVICE in accelerator, accelerator
     assert result.stdout.strip().splitlines()[-1].startswith("doctor: 0 error(s)")
+{%- if cookiecutter.backend == "torch_tpu" %}
+
+
+def test_doctor_warns_of_torch_xla_settings(restore_environ: None) -> None:
+    """It warns that TorchTPU ignores torch_xla's settings and says to unset them."""
+    env = {"XRT_TPU_CONFIG": "localservice;0;localhost:51011", "PJRT_DEVICE": "CPU"}
+    result = CliRunner().invoke(app, ["doctor"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "torch_xla settings XRT_TPU_CONFIG, PJRT_DEVICE are set" in result.stdout
+    assert "fix: unset XRT_TPU_CONFIG PJRT_DEVICE" in result.stdout
+{%- else %}
 
 
 def test_doctor_fails_on_a_legacy_xrt_setting(restore_environ: None) -> None:
@@ -46,6 +57,7 @@ def test_doctor_fails_on_a_legacy_xrt_setting(restore_environ: None) -> None:
     assert result.exit_code == 1, result.output
     assert "legacy XRT settings XRT_TPU_CONFIG are set" in result.stdout
     assert "fix: unset XRT_TPU_CONFIG" in result.stdout
+{%- endif %}
 
 
 def test_doctor_json_lists_every_check(restore_environ: None) -> None:
@@ -55,6 +67,29 @@ def test_doctor_json_lists_every_check(restore_environ: None) -> None:
     names = {check["name"] for check in report["checks"]}
     assert {"versions", "runtime-variables", "tpu-holders", "compile-cache"} <= names
     assert result.exit_code == (1 if report["errors"] else 0)
+{%- if cookiecutter.backend == "torch_tpu" %}
+
+
+@pytest.mark.parametrize(
+    "torch_version,torch_tpu,on_tpu,status",
+    [
+        ("2.13.0", None, False, "ok"),
+        ("2.13.0+cpu", "0.2.0", True, "ok"),
+        ("2.11.0", None, False, "ok"),
+        ("2.9.0", None, False, "error"),
+        ("2.16.0", "0.2.0", True, "error"),
+        ("2.13.0", None, True, "error"),
+        (None, None, False, "error"),
+    ],
+)
+def test_versions_are_torch_within_torch_tpus_range(
+    torch_version: str | None, torch_tpu: str | None, on_tpu: bool, status: str
+) -> None:
+    """It accepts torch 2.11-2.15, and torch-tpu missing only off a TPU."""
+    check = doctor.check_versions(torch_version, torch_tpu, on_tpu)
+    assert check.status == status
+    assert (check.fix != "") == (status == "error")
+{%- else %}
 
 
 @pytest.mark.parametrize(
@@ -81,6 +116,7 @@ def test_mismatched_versions_name_the_matching_install() -> None:
     """It tells how to install a matching pair."""
     check = doctor.check_versions("2.8.0", "2.9.0")
     assert check.fix == "install the matching pair: pip install torch==2.9.0 torch_xla==2.9.0"
+{%- endif %}
 
 
 def test_holders_of_a_device_file_are_found_with_the_fix(tmp_path: Path) -> None:
@@ -119,8 +155,11 @@ def test_small_shm_is_a_warning(tmp_path: Path) -> None:
     stats = os.statvfs(tmp_path)
     big_enough = stats.f_frsize * stats.f_blocks >= host_checks.MIN_SHM_BYTES
     assert host_checks.check_shm(str(tmp_path)).status == ("ok" if big_enough else "warn")
+{%- if cookiecutter.backend == "torch_xla" %}
 
 
+# torch_xla only: its persistent compile cache (TorchTPU keeps its compiled programs itself) and
+# its XRT-era pod launcher.
 def test_compile_cache_location_comes_from_env_or_config() -> None:
     """It reports the persistent cache from XLA_PERSISTENT_CACHE_PATH, else the config."""
     from_env = doctor.check_compile_cache({"XLA_PERSISTENT_CACHE_PATH": "/c"}, "/cfg")
@@ -157,6 +196,7 @@ def test_compile_cache_line_says_whether_the_last_run_hit_it(tmp_path: Path) -> 
 
 def test_this_torch_xla_has_no_xla_dist() -> None:
     """It knows torch_xla 2.9 no longer ships the xla_dist pod launcher."""
-    assert doctor.xla_version() is not None
-    release = host_checks.major_minor(doctor.xla_version() or "")
+    assert doctor.backend_version() is not None
+    release = host_checks.major_minor(doctor.backend_version() or "")
     assert doctor.xla_dist_available() is (release <= (2, 0))
+{%- endif %}

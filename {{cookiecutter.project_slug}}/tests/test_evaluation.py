@@ -54,15 +54,15 @@ def evaluate(weighted: bool, tmp_path: Path, device: object, eval_batch_size: in
     return evaluator(model)["loss"]
 
 
-def test_eval_means_are_weighted_by_the_tasks_weight(tmp_path: Path, xla_device: object) -> None:
+def test_eval_means_are_weighted_by_the_tasks_weight(tmp_path: Path, device: object) -> None:
     """It averages over the weight (loss-carrying tokens) when given, else over samples."""
     weighted = sum(v * c for v, c in zip(VALUES, COUNTS, strict=True)) / sum(COUNTS)
-    assert abs(evaluate(True, tmp_path, xla_device) - weighted) < 1e-5
-    assert abs(evaluate(False, tmp_path, xla_device) - sum(VALUES) / len(VALUES)) < 1e-5
+    assert abs(evaluate(True, tmp_path, device) - weighted) < 1e-5
+    assert abs(evaluate(False, tmp_path, device) - sum(VALUES) / len(VALUES)) < 1e-5
 
 
 def test_eval_batch_defaults_to_the_training_batch_and_never_outgrows_the_split(
-    tmp_path: Path, xla_device: object
+    tmp_path: Path, device: object
 ) -> None:
     """It evaluates at the training batch_size by default, capped at what the split fills
     (5 samples: one batch of 5, not 32 padded ones), with the same means."""
@@ -71,6 +71,6 @@ def test_eval_batch_defaults_to_the_training_batch_and_never_outgrows_the_split(
     assert capped.batch_size == capped.global_batch == len(VALUES)
     assert evaluator_of(False, tmp_path, batch_size=4, eval_batch_size=64).batch_size == 5
     for weighted in (True, False):
-        assert evaluate(weighted, tmp_path, xla_device, 64) == pytest.approx(
-            evaluate(weighted, tmp_path, xla_device, 2), abs=1e-6
+        assert evaluate(weighted, tmp_path, device, 64) == pytest.approx(
+            evaluate(weighted, tmp_path, device, 2), abs=1e-6
         )

@@ -1,4 +1,4 @@
-"""FSDP on 8 XLA:CPU devices trains like one device, on an eighth of the memory each."""
+"""FSDP over several CPU devices trains like one device, on a share of the memory each."""
 
 from __future__ import annotations
 
@@ -9,6 +9,13 @@ from typing import Any
 
 import pytest
 
+from backend_facts import (
+    MANY_DEVICES,
+    REPLICATED,
+    STEP_COUNTS_ON_DEVICE,
+    many,
+    one_graph_per_step_kind,
+)
 from gates import Gate
 from training_helpers import cli, preempt_then_resume, write_config
 
@@ -16,8 +23,8 @@ pytestmark = pytest.mark.slow  # several end-to-end runs: `make test-fast` skips
 
 STEPS = 20
 GLOBAL_BATCH = 32
-FSDP = ("--devices", "8", "--strategy", "fsdp", "--batch-size", str(GLOBAL_BATCH // 8))
-# Losses are sums over a different order of float additions on 8 shards: equal to
+FSDP = (*many("fsdp"), "--batch-size", str(GLOBAL_BATCH // MANY_DEVICES))
+# Losses are sums over a different order of float additions on the shards: equal to
 # rounding, far inside the 2e-3 the project promises.
 TOLERANCE = 2e-3
 
@@ -40,7 +47,7 @@ def test_fsdp_losses_match_one_device(fsdp_run: dict[str, Any], tmp_path: Path) 
     """It gives every step the loss of one device with the same global batch."""
     single = train(tmp_path, "--devices", "1", "--batch-size", str(GLOBAL_BATCH))
 
-    assert fsdp_run["strategy"] == "fsdp" and fsdp_run["devices"] == 8
+    assert fsdp_run["strategy"] == "fsdp" and fsdp_run["devices"] == MANY_DEVICES
     assert fsdp_run["global_batch"] == single["global_batch"] == GLOBAL_BATCH
     steps = [step for step, _ in single["train_losses"]]
     assert [step for step, _ in fsdp_run["train_losses"]] == steps == list(range(1, STEPS + 1))
@@ -48,23 +55,30 @@ def test_fsdp_losses_match_one_device(fsdp_run: dict[str, Any], tmp_path: Path) 
         fsdp_run["train_losses"], single["train_losses"], strict=True
     ):
         assert sharded == pytest.approx(reference, rel=TOLERANCE), step
+
+
+@one_graph_per_step_kind
+def test_fsdp_compiles_one_train_graph(fsdp_run: dict[str, Any]) -> None:
+    """It compiles one graph for the training step of the whole run."""
     assert fsdp_run["loop_compilations"] == 1
 
 
-def test_fsdp_holds_an_eighth_of_the_state_per_device(
+def test_fsdp_holds_a_share_of_the_state_per_device(
     fsdp_run: dict[str, Any], tmp_path: Path
 ) -> None:
-    """It keeps parameters and AdamW state sharded: about 1/8 per device of what spmd keeps."""
-    spmd = train(tmp_path, "--devices", "8", "--strategy", "spmd", "--max-steps", "1")
-    sharded, replicated = fsdp_run["memory"], spmd["memory"]
+    """It keeps parameters and AdamW state sharded: about 1/N per device of what the
+    replicated strategy (spmd, ddp) keeps on N devices."""
+    copies = train(tmp_path, *many(REPLICATED), "--max-steps", "1")
+    sharded, replicated = fsdp_run["memory"], copies["memory"]
 
     assert replicated["state_bytes_per_device"] == replicated["state_bytes_total"]
     assert sharded["state_bytes_total"] == replicated["state_bytes_total"]
-    # An eighth of the replicated state, plus the padding of shards of odd sizes.
-    eighth = replicated["state_bytes_per_device"] / 8
-    assert eighth <= sharded["state_bytes_per_device"] < 1.3 * eighth, (sharded, replicated)
-    # AdamW's two moments, and its step count on the device (capturable): 4 bytes a tensor.
-    counters = 4 * fsdp_run["tied_parameters"]["after"]
+    # A share of the replicated state, plus the padding of shards of odd sizes.
+    share = replicated["state_bytes_per_device"] / MANY_DEVICES
+    assert share <= sharded["state_bytes_per_device"] < 1.3 * share, (sharded, replicated)
+    # AdamW's two moments, and its step count where the backend keeps it on the device
+    # (capturable): 4 bytes a tensor.
+    counters = 4 * fsdp_run["tied_parameters"]["after"] if STEP_COUNTS_ON_DEVICE else 0
     assert sharded["optimizer_bytes_total"] == 2 * sharded["param_bytes_total"] + counters
 
 
@@ -93,7 +107,7 @@ def test_fsdp_sigterm_then_resume_matches_the_uninterrupted_run(
 
 
 def guarded_fit(precision: str, grad_accum: int) -> dict[str, Any]:
-    """Fit under fsdp x8 with the XLA guard armed after warm-up (child process)."""
+    """Fit under fsdp with the step guard armed after warm-up (child process)."""
     import tempfile
 
     from {{ cookiecutter.package_name }}.core import launch
@@ -102,29 +116,39 @@ def guarded_fit(precision: str, grad_accum: int) -> dict[str, Any]:
     from training_helpers import TINY
 
     with tempfile.TemporaryDirectory() as run_dir:
-        settings = {**TINY, "accelerator": "cpu", "devices": "8", "strategy": "fsdp"}
+        settings = {**TINY, "accelerator": "cpu", "devices": str(MANY_DEVICES), "strategy": "fsdp"}
         config = build_config(
             None,
             {**settings, "precision": precision, "grad_accum": grad_accum, "max_steps": 12,
-             "eval_every": 4, "log_every": 2, "batch_size": 2, "run_dir": run_dir},
+             "eval_every": 4, "log_every": 2, "batch_size": 16 // MANY_DEVICES,
+             "run_dir": run_dir},
         )  # fmt: skip
         plan = plan_of(config)
         return dict(launch(fit, plan, (config, plan, None, None, 4)))
 
 
-@pytest.mark.parametrize(
-    "precision,grad_accum", [("bf16-mixed", 1), ("32-true", 2)], ids=["bf16-mixed", "accum-2"]
+@pytest.fixture(
+    scope="module", params=[("bf16-mixed", 1), ("32-true", 2)], ids=["bf16-mixed", "accum-2"]
 )
-def test_fsdp_compiles_one_graph_per_step_kind(
-    precision: str, grad_accum: int, python_subprocess: Any
-) -> None:
-    """It runs bf16-mixed and gradient accumulation under fsdp with no graph after warm-up."""
-    summary = python_subprocess([__file__, precision, str(grad_accum)], env={})
+def guarded_run(request: pytest.FixtureRequest, python_subprocess: Any) -> dict[str, Any]:
+    """A guarded fsdp fit in bf16-mixed, and one accumulating 2 micro-batches: its summary."""
+    precision, grad_accum = request.param
+    summary = dict(python_subprocess([__file__, precision, str(grad_accum)], env={}))
+    assert summary["precision"] == precision
+    return summary
 
-    guard = summary["guard"]
+
+def test_fsdp_compiles_nothing_after_warm_up(guarded_run: dict[str, Any]) -> None:
+    """It runs bf16-mixed and gradient accumulation under fsdp with no graph after warm-up."""
+    guard = guarded_run["guard"]
     assert guard is not None and guard["compilations"] == 0, guard
-    assert summary["loop_compilations"] == 2  # one train step graph, one eval step graph
-    assert summary["precision"] == precision and summary["fallback_ops"] == {}
+    assert guarded_run["fallback_ops"] == {}
+
+
+@one_graph_per_step_kind
+def test_fsdp_compiles_one_graph_per_step_kind(guarded_run: dict[str, Any]) -> None:
+    """It compiles one train step graph and one eval step graph, in either mode."""
+    assert guarded_run["loop_compilations"] == 2
 
 
 if __name__ == "__main__":

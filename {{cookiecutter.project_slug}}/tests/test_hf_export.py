@@ -1,5 +1,5 @@
 """`export --format hf`: a Hugging Face model directory that transformers loads in plain torch
-on a CPU, from a checkpoint of any strategy (fsdp x8, one device on gs://), ties intact."""
+on a CPU, from a checkpoint of any strategy (fsdp, one device on gs://), ties intact."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from backend_facts import MANY_DEVICES, many
 from training_helpers import TINY, cli, write_config
 
 pytestmark = pytest.mark.hf
@@ -28,9 +29,9 @@ def train(tmp_path: Path, *flags: str) -> Path:
 
 @pytest.fixture(scope="module")
 def fsdp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama trained under fsdp x8: its checkpoint directory."""
+    """The tiny Llama trained under fsdp: its checkpoint directory."""
     folder = tmp_path_factory.mktemp("fsdp")
-    return train(folder, "--devices", "8", "--strategy", "fsdp", "--batch-size", "1")
+    return train(folder, *many("fsdp"), "--batch-size", str(8 // MANY_DEVICES))
 
 
 def export(checkpoint: str, out: Path, *flags: str) -> Any:
@@ -117,7 +118,7 @@ def sample_input() -> Any:
 
 
 def logits_of_checkpoint(location: str) -> dict[str, Any]:
-    """The trained model's logits on the fixed batch, on one XLA device (child process)."""
+    """The trained model's logits on the fixed batch, on one device (child process)."""
     import torch
 
     from {{ cookiecutter.package_name }}.core import launch

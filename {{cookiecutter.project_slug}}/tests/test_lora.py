@@ -16,6 +16,7 @@ from {{ cookiecutter.package_name }}.core.checkpointing import saved_keys
 from {{ cookiecutter.package_name }}.training import build_config, fit
 from {{ cookiecutter.package_name }}.training.export import export_checkpoint
 
+from backend_facts import MANY_DEVICES, ONE_GRAPH_PER_STEP_KIND, STEP_COUNTS_ON_DEVICE
 from gates import Gate
 from hf_helpers import assert_only_adapters_saved
 from training_helpers import TINY, cli, preempt_then_resume, write_config
@@ -66,10 +67,14 @@ def test_lora_trains_only_the_adapters(lora_run: dict[str, Any], base_model: Pat
     before = json.loads((base_model / "eval.json").read_text())["loss"]
     assert lora_run["eval"]["loss"] < before - 0.005, (lora_run["eval"], before)
     memory = lora_run["memory"]
-    # AdamW in fp32: two moments per adapter weight, and a step count per adapter tensor.
+    # AdamW in fp32: two moments per adapter weight, and a step count per adapter tensor where
+    # the backend keeps it on the device.
     counters = memory["optimizer_bytes_total"] - 2 * 4 * counts["trainable"]
-    assert counters % 4 == 0 and 0 < counters // 4 < 64, memory
-    assert lora_run["loop_compilations"] == 1
+    if STEP_COUNTS_ON_DEVICE:
+        assert counters % 4 == 0 and 0 < counters // 4 < 64, memory
+    else:
+        assert counters == 0, memory
+    assert lora_run["loop_compilations"] == 1 or not ONE_GRAPH_PER_STEP_KIND
 
 
 def test_lora_checkpoint_holds_only_the_adapters_and_their_optimizer_state(
@@ -104,7 +109,7 @@ def test_lora_sigterm_then_resume_matches_the_uninterrupted_run(
 
 
 def sharded_fit(base: Path, base_bf16: bool) -> dict[str, Any]:
-    """A LoRA fit under fsdp x8, bf16-mixed (child process)."""
+    """A LoRA fit under fsdp, bf16-mixed (child process)."""
     import tempfile
 
     from {{ cookiecutter.package_name }}.core import launch
@@ -112,8 +117,9 @@ def sharded_fit(base: Path, base_bf16: bool) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as run_dir:
         settings = lora_settings(
-            base, Path(run_dir), devices="8", strategy="fsdp", precision="bf16-mixed",
-            batch_size=2, max_steps=4, lora={**LORA, "base_bf16": base_bf16},
+            base, Path(run_dir), devices=str(MANY_DEVICES), strategy="fsdp",
+            precision="bf16-mixed", batch_size=16 // MANY_DEVICES, max_steps=4,
+            lora={**LORA, "base_bf16": base_bf16},
         )  # fmt: skip
         config = build_config(None, settings)
         plan = plan_of(config)
@@ -124,14 +130,16 @@ def sharded_fit(base: Path, base_bf16: bool) -> dict[str, Any]:
 def test_lora_under_fsdp_shards_the_frozen_base_in_bf16(
     base_model: Path, python_subprocess: Any
 ) -> None:
-    """It shards the frozen base over 8 devices, in half the bytes with base_bf16."""
+    """It shards the frozen base over the devices, in half the bytes with base_bf16."""
     fp32 = python_subprocess([__file__, str(base_model), "0"], env={})
     bf16 = python_subprocess([__file__, str(base_model), "1"], env={})
 
     for summary in (fp32, bf16):
-        assert summary["status"] == "completed" and summary["loop_compilations"] == 1
+        assert summary["status"] == "completed"
+        assert summary["loop_compilations"] == 1 or not ONE_GRAPH_PER_STEP_KIND
     memory, trainable = fp32["memory"], fp32["parameters"]["trainable"]
-    assert memory["param_bytes_per_device"] < memory["param_bytes_total"] / 6  # an eighth + pads
+    share = memory["param_bytes_total"] / MANY_DEVICES
+    assert memory["param_bytes_per_device"] < 1.34 * share  # a share, and the pads
     frozen = fp32["parameters"]["total"] - trainable
     assert bf16["memory"]["param_bytes_total"] == 2 * frozen + 4 * trainable
 

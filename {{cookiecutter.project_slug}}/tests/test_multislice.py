@@ -6,6 +6,11 @@ import pytest
 
 from {{ cookiecutter.package_name }}.core import multislice, runtime, tpu_generations
 
+from backend_facts import MESH_SPANS_SLICES
+
+# The slices a mesh spans when the launcher sets two: on a TPU, and off one.
+ON_TPU_AND_OFF = [("TPU", 2 if MESH_SPANS_SLICES else 1), ("CPU", 1)]
+
 
 def test_one_slice_without_the_multislice_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """It reads 1 slice and slice 0 when the launcher set nothing."""
@@ -23,12 +28,13 @@ def test_slice_count_and_index_come_from_what_the_launcher_sets(
     assert (runtime.slice_count(), runtime.slice_index()) == (4, 3)
 
 
-@pytest.mark.parametrize(("device", "slices"), [("TPU", 2), ("CPU", 1)])
+@pytest.mark.parametrize(("device", "slices"), ON_TPU_AND_OFF)
 def test_the_mesh_spans_slices_on_tpu_only(
     device: str, slices: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """It spans the mesh over the launcher's slices on TPU; on XLA:CPU, where every worker of a
-    pod rehearsal is a world of its own, over none."""
+    """It spans the mesh over the launcher's slices on TPU (torch_xla; torch_tpu lays no mesh
+    over slices); off a TPU, where every worker of a pod rehearsal is a world of its own,
+    over none."""
     for name, value in multislice.multislice_environment("10.0.0.2", 2, 1).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PJRT_DEVICE", device)
@@ -65,6 +71,9 @@ def test_generations_from_v4_form_a_multislice(accelerator_type: str) -> None:
     multislice.check_slices(accelerator_type, 4)
 
 
+{%- if cookiecutter.backend == "torch_xla" %}
+
+
 @pytest.mark.parametrize("accelerator_type", ["v2-8", "v3-32"])
 def test_v2_and_v3_are_one_slice_only(accelerator_type: str) -> None:
     """It refuses two slices of v2 or v3 in one line, and accepts one."""
@@ -73,6 +82,7 @@ def test_v2_and_v3_are_one_slice_only(accelerator_type: str) -> None:
     assert str(raised.value).startswith(f"2 slices of {accelerator_type}: ")
     assert "\n" not in str(raised.value)
     multislice.check_slices(accelerator_type, 1)
+{%- endif %}
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "01", "2 3", "", "two"])

@@ -29,8 +29,9 @@ LR = {"adamw": 3e-3, "sgd": 0.05, "rmsprop": 1e-3, "adafactor": 3e-3}
 STEPS = 6
 
 
-def steps_on_device(name: str, primed: bool, device: Any) -> tuple[list[float], int]:
-    """Losses of STEPS steps of a small model, and the graphs compiled after the first."""
+def steps_on_device(name: str, primed: bool, device: Any, compiled: Any) -> tuple[list[float], int]:
+    """Losses of STEPS steps of a small model, run as the backend runs a training step, and
+    the graphs compiled after the first."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4)).to(device)
     config = TrainConfig(optimizer=name, lr=LR[name], optimizer_options=OPTIONS[name])
@@ -39,13 +40,19 @@ def steps_on_device(name: str, primed: bool, device: Any) -> tuple[list[float], 
         ops.prime_optimizer_state(optimizer)
         ops.sync()
     data = torch.randn(STEPS, 16, 8, generator=torch.Generator().manual_seed(1))
-    losses, compiled_after_first = [], 0
-    for index, x in enumerate(data):
-        before = health.snapshot()
-        loss = model(x.to(device)).square().mean()
+
+    def train_step(x: torch.Tensor) -> torch.Tensor:
+        loss = model(x).square().mean()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    step = compiled(train_step)
+    losses, compiled_after_first = [], 0
+    for index, x in enumerate(data):
+        before = health.snapshot()
+        loss = step(x.to(device))
         ops.sync()
         losses.append(float(loss.item()))
         if index:
@@ -54,10 +61,12 @@ def steps_on_device(name: str, primed: bool, device: Any) -> tuple[list[float], 
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_primed_state_gives_the_unprimed_losses_and_one_graph(name: str, xla_device: Any) -> None:
+def test_primed_state_gives_the_unprimed_losses_and_one_graph(
+    name: str, device: Any, compiled: Any
+) -> None:
     """It makes the optimizer's own state before step 1: same losses, no second graph."""
-    primed, primed_compiles = steps_on_device(name, primed=True, device=xla_device)
-    plain, _ = steps_on_device(name, primed=False, device=xla_device)
+    primed, primed_compiles = steps_on_device(name, True, device, compiled)
+    plain, _ = steps_on_device(name, False, device, compiled)
 
     print(f"{name}: primed {primed}\n{name}: unprimed {plain}")
     torch.testing.assert_close(torch.tensor(primed), torch.tensor(plain), rtol=1e-6, atol=1e-7)
@@ -65,9 +74,9 @@ def test_primed_state_gives_the_unprimed_losses_and_one_graph(name: str, xla_dev
     assert plain[-1] < plain[0]  # it trains
 
 
-def test_priming_creates_only_what_the_optimizer_creates(xla_device: Any) -> None:
+def test_priming_creates_only_what_the_optimizer_creates(device: Any) -> None:
     """It leaves SGD with momentum one buffer per parameter, and RMSprop its square_avg."""
-    model = nn.Linear(4, 2).to(xla_device)
+    model = nn.Linear(4, 2).to(device)
     sgd = build_optimizer(model, TrainConfig(optimizer="sgd", optimizer_options={"momentum": 0.9}))
     ops.prime_optimizer_state(sgd)
     assert {tuple(state) for state in sgd.state.values()} == {("momentum_buffer",)}
@@ -77,24 +86,36 @@ def test_priming_creates_only_what_the_optimizer_creates(xla_device: Any) -> Non
     assert all(float(state["step"]) == 0 for state in rms.state.values())
 
 
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_fit_with_each_optimizer_compiles_one_train_graph(name: str, tmp_path: Path) -> None:
-    """It trains the task with each optimizer and compiles nothing after warm-up (guarded)."""
+@pytest.fixture(scope="module", params=list(OPTIMIZERS))
+def guarded_fit(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """The task's fit with each optimizer, the guard armed after 2 steps: its summary."""
+    name = request.param
     config = TrainConfig(
-        **{**TINY, "accelerator": "cpu", "max_steps": 8, "log_every": 2, "run_dir": str(tmp_path)},
+        **{**TINY, "accelerator": "cpu", "max_steps": 8, "log_every": 2,
+           "run_dir": str(tmp_path_factory.mktemp(name))},
         optimizer=name,
         lr=LR[name],
         optimizer_options=OPTIONS[name],
-    )
-    summary = fit(config, make_plan("cpu", 1, "single"), guard_after=2)
+    )  # fmt: skip
+    return dict(fit(config, make_plan("cpu", 1, "single"), guard_after=2))
 
-    assert summary["guard"]["compilations"] == 0, summary["guard"]
-    # One train graph, or none if an earlier test in this process compiled the same one.
-    assert summary["loop_compilations"] <= 1
+
+def test_fit_with_each_optimizer_compiles_nothing_after_warm_up(
+    guarded_fit: dict[str, Any],
+) -> None:
+    """It trains the task with each optimizer and compiles nothing after warm-up (guarded)."""
+    assert guarded_fit["guard"]["compilations"] == 0, guarded_fit["guard"]
     # Eight warm-up steps are too few to promise a lower loss on every task: that each
     # optimizer trains is the test above; here every step's loss must be a number.
-    losses = [loss for _, loss in summary["train_losses"]]
+    losses = [loss for _, loss in guarded_fit["train_losses"]]
     assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses), losses
+
+
+def test_fit_with_each_optimizer_compiles_one_train_graph(guarded_fit: dict[str, Any]) -> None:
+    """It compiles one train graph, or none if an earlier test in this process compiled it."""
+    assert guarded_fit["loop_compilations"] <= 1
 
 
 def test_task_hook_builds_its_own_optimizer(tmp_path: Path) -> None:

@@ -28,11 +28,26 @@ from {{ cookiecutter.package_name }}.training.config import build_config
 from training_helpers import TINY, cli, cli_env, write_config
 
 runner = CliRunner()
-{% if cookiecutter.example_task == "vision" %}
+{%- if cookiecutter.backend == "torch_tpu" %}
+# The runs measured: a v5e slice of 4 devices, as 4 CPU processes (each a process to start).
+MEASURED_TYPE = "v5e-4"
+MEASURED_DEVICES = "4"
+{%- if cookiecutter.example_task == "vision" %}
+# The vision example has no tensor-parallel rules: its meshes split the batch and the state.
+MEASURED_MESHES = ["data=2,fsdp=2"]
+{%- else %}
+MEASURED_MESHES = ["fsdp=2,tensor=2"]
+{%- endif %}
+{%- else %}
+# The runs measured: the project's slice of 8 devices, on 8 XLA:CPU devices.
+MEASURED_TYPE = "v5e-8"
+MEASURED_DEVICES = "8"
+{%- if cookiecutter.example_task == "vision" %}
 # The vision example has no tensor-parallel rules: its meshes split the batch and the state.
 MEASURED_MESHES = ["fsdp=8", "data=2,fsdp=4"]
 {%- else %}
 MEASURED_MESHES = ["fsdp=8", "fsdp=4,tensor=2"]
+{%- endif %}
 {%- endif %}
 
 
@@ -44,17 +59,19 @@ def plan(*args: str) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", MEASURED_MESHES)
 def test_plan_gives_the_bytes_per_device_a_run_measures(tmp_path: Path, mesh: str) -> None:
-    """It estimates the parameter and AdamW bytes per device an 8-device run reports, exactly."""
+    """It estimates the parameter and AdamW bytes per device a sharded run reports, exactly."""
     config = write_config(tmp_path, max_steps=2)
     run_dir = tmp_path / "run"
     trained = cli(
-        "train", "--config", str(config), "--devices", "8", "--strategy", "fsdp",
+        "train", "--config", str(config), "--devices", MEASURED_DEVICES, "--strategy", "fsdp",
         "--mesh", mesh, "--run-dir", str(run_dir),
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-3000:]
     measured = json.loads((run_dir / "summary.json").read_text())["memory"]
 
-    planned = plan("--config", str(config), "--mesh", mesh)["per_device"]
+    planned = json.loads(
+        cli_json("plan", "--config", str(config), "--mesh", mesh, accelerator_type=MEASURED_TYPE)
+    )["per_device"]
 
     assert planned["param_bytes"] == measured["param_bytes_per_device"]
     assert planned["optimizer_bytes"] == measured["optimizer_bytes_per_device"]
@@ -341,7 +358,11 @@ BAD_REQUESTS = {
     "bad-slice-size": (["--accelerator-type", "v5p-6"], "is not a v5p slice"),
     "missing-config": (["--config", "/no/such.toml"], "config file '/no/such.toml' does not exist"),
     "batch-does-not-split": (["--global-batch", "12"], "global batch of 12 does not split into"),
+{%- if cookiecutter.backend == "torch_tpu" %}
+    "legacy-precision": (["--precision", "bf16-env"], "use bf16-true (bf16 weights)"),
+{%- else %}
     "legacy-precision": (["--precision", "bf16-env"], "plan it as --precision bf16-true"),
+{%- endif %}
     "both-batches": (["--batch-size", "2", "--global-batch", "16"], "not both"),
     "hf-config-without-seq-len": (["--hf-config", "any"], "--hf-config needs --seq-len"),
     "architecture-without-size": (["--architecture", "llama"], "needs --size (a known size"),
@@ -487,8 +508,8 @@ def test_plan_refuses_a_shape_it_cannot_build_in_one_line(args: list[str], messa
     assert message in lines[0]
 
 
-def cli_json(*args: str) -> str:
-    done = cli(*args, "--accelerator-type", "v5e-8", "--json")
+def cli_json(*args: str, accelerator_type: str = "v5e-8") -> str:
+    done = cli(*args, "--accelerator-type", accelerator_type, "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 

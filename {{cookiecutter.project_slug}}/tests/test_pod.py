@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from {{ cookiecutter.package_name }} import pod
 from {{ cookiecutter.package_name }}.cli import app
-from {{ cookiecutter.package_name }}.core.doctor import xla_dist_available
+from {{ cookiecutter.package_name }}.core.doctor import legacy_launcher_problem
 
 from training_helpers import TINY
 
@@ -323,14 +323,14 @@ def test_pod_status_reports_ready_workers(tmp_path: Path) -> None:
     assert "pod: 2/4 workers ready" in result.stderr
 
 
-@pytest.mark.skipif(xla_dist_available(), reason="this torch_xla still ships xla_dist")
+@pytest.mark.skipif(legacy_launcher_problem() is None, reason="this torch_xla ships xla_dist")
 def test_xla_dist_launcher_says_it_is_missing(tmp_path: Path) -> None:
     """It fails with one line naming xla_dist and the gcloud alternative."""
     result = run_pod(tmp_path, "train", "--tpu", "t", POD_LAUNCHER="xla_dist", GCLOUD="false")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "torch_xla.distributed.xla_dist" in lines[0] and "unset POD_LAUNCHER" in lines[0]
+    assert lines == [f"error: {legacy_launcher_problem()}"], result.stderr
+    assert "xla_dist" in lines[0] and "unset POD_LAUNCHER" in lines[0]
 
 
 def test_xla_dist_command_passes_env_and_docker_flags() -> None:

@@ -9,7 +9,9 @@ from {{ cookiecutter.package_name }}.core.precision import ALIASES, MODES, accum
 
 # One more than bf16's 8 significant bits can hold: fp32 keeps it, bf16 rounds it to 1.
 FINE = 1 + 2**-10
+{%- if cookiecutter.backend == "torch_xla" %}
 
+# torch_xla only: its legacy XLA_USE_BF16 mode (torch_tpu refuses it: test_backend.py).
 LEGACY_ENV_CHILD = """
 import json, os
 import torch
@@ -35,43 +37,45 @@ print(json.dumps({
 def legacy_env_run(python_subprocess):
     """Results of the legacy env mode in a fresh runtime (it reads XLA_USE_BF16 at start)."""
     return python_subprocess(["-c", LEGACY_ENV_CHILD], unset=("XLA_USE_BF16", "XLA_DOWNCAST_BF16"))
+{%- endif %}
 
 
-def test_bf16_true_casts_parameters_to_bf16(xla_device):
+def test_bf16_true_casts_parameters_to_bf16(device):
     """It casts every parameter to bf16 under bf16-true, and the forward runs in bf16."""
     precision = Precision.from_name("bf16-true")
-    model = move_to_device(precision.convert_module(nn.Linear(4, 3)), xla_device)
+    model = move_to_device(precision.convert_module(nn.Linear(4, 3)), device)
 
-    out = model(precision.convert_input(torch.ones(2, 4, device=xla_device)))
+    out = model(precision.convert_input(torch.ones(2, 4, device=device)))
 
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert out.dtype == torch.bfloat16
 
 
-def test_bf16_mixed_computes_matmuls_in_bf16_with_fp32_parameters(xla_device):
+def test_bf16_mixed_computes_matmuls_in_bf16_with_fp32_parameters(device):
     """It runs a matmul in bf16 under bf16-mixed while the parameters stay fp32."""
     precision = Precision.from_name("bf16-mixed")
-    model = move_to_device(precision.convert_module(nn.Linear(4, 3)), xla_device)
+    model = move_to_device(precision.convert_module(nn.Linear(4, 3)), device)
 
     with precision.forward_context():
-        out = model(torch.ones(2, 4, device=xla_device))
+        out = model(torch.ones(2, 4, device=device))
 
     assert out.dtype == torch.bfloat16
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
-def test_32_true_keeps_fp32_resolution_on_device(xla_device):
+def test_32_true_keeps_fp32_resolution_on_device(device):
     """It keeps 1 + 2**-10 exactly on the device under 32-true."""
     precision = Precision.from_name("32-true")
-    model = move_to_device(precision.convert_module(nn.Linear(1, 1, bias=False)), xla_device)
+    model = move_to_device(precision.convert_module(nn.Linear(1, 1, bias=False)), device)
     with torch.no_grad():
         model.weight.fill_(1.0)
 
     with precision.forward_context():
-        out = model(torch.full((1, 1), FINE, device=xla_device))
+        out = model(torch.full((1, 1), FINE, device=device))
 
     assert out.dtype == torch.float32
     assert out.cpu().item() == FINE
+{%- if cookiecutter.backend == "torch_xla" %}
 
 
 def test_legacy_env_mode_sets_xla_use_bf16_and_loses_fp32_resolution(legacy_env_run):
@@ -88,20 +92,21 @@ def test_legacy_env_mode_sets_xla_use_bf16_and_loses_fp32_resolution(legacy_env_
 def test_accumulator_stays_fp32_under_legacy_env_mode(legacy_env_run):
     """It adds 1 to 4096 on the device under the legacy env mode (known gap)."""
     assert legacy_env_run["accumulated"] == 4097.0
+{%- endif %}
 
 
 @pytest.mark.parametrize("mode", ["32-true", "bf16-mixed", "bf16-true"])
-def test_accumulator_stays_fp32_in_every_mode(mode, xla_device):
+def test_accumulator_stays_fp32_in_every_mode(mode, device):
     """It accumulates a bf16 loss into fp32, where bf16 would give 4096 + 1 == 4096."""
     precision = Precision.from_name(mode)
     model = precision.convert_module(nn.Linear(1, 1, bias=False))
-    model = move_to_device(model, xla_device)
+    model = move_to_device(model, device)
     with torch.no_grad():
         model.weight.fill_(1.0)
-    total = accumulator(xla_device) + 4096.0
+    total = accumulator(device) + 4096.0
 
     with precision.forward_context():
-        loss = model(precision.convert_input(torch.ones(1, 1, device=xla_device))).sum()
+        loss = model(precision.convert_input(torch.ones(1, 1, device=device))).sum()
         total = total + loss
 
     assert total.dtype == torch.float32
@@ -110,12 +115,12 @@ def test_accumulator_stays_fp32_in_every_mode(mode, xla_device):
     assert narrow.item() == 4096.0, "bf16 no longer drops the 1: the fp32 accumulator is moot"
 
 
-def test_accumulator_sums_4097_ones_exactly_under_autocast(xla_device):
+def test_accumulator_sums_4097_ones_exactly_under_autocast(device):
     """It sums 4097 ones to 4097 under bf16 autocast, where a bf16 sum gives 4096."""
-    ones = torch.ones(4097, device=xla_device)
+    ones = torch.ones(4097, device=device)
 
     with Precision.from_name("bf16-mixed").forward_context():
-        total = accumulator(xla_device) + ones.sum()
+        total = accumulator(device) + ones.sum()
 
     assert accumulator().dtype == torch.float32
     assert total.cpu().item() == 4097.0

@@ -1,20 +1,35 @@
-"""The step traced once and replayed (core/replay.py), on one XLA:CPU device."""
+"""The step compiled once and run again (core/replay.py): torch_xla's trace-and-replay on one
+XLA:CPU device, and the trainer's step under fsdp, replayed or not, on either backend."""
 
 from __future__ import annotations
 
 import json
+{% if cookiecutter.backend == "torch_xla" -%}
 from collections.abc import Callable
-from pathlib import Path
+{% endif -%}
 from typing import Any
 
 import pytest
+{%- if cookiecutter.backend == "torch_xla" %}
 import torch
 
 from {{ cookiecutter.package_name }}.core import ReplayedStep, health
+{%- endif %}
 
+from backend_facts import many, one_graph_per_step_kind
 from training_helpers import TINY, cli, write_config
 
+# Dropout where the example has it: each replayed step must draw new numbers.
+{% if cookiecutter.example_task == "lm" -%}
+NOISE: dict[str, Any] = {"dropout": 0.1}
+{%- else -%}
+NOISE: dict[str, Any] = {}
+{%- endif %}
+{%- if cookiecutter.backend == "torch_xla" %}
 
+
+# torch_xla only: its ReplayedStep traces the step twice and replays the graph (torch_tpu's
+# compiles the step with torch.compile, whose caching is dynamo's).
 class Counter:
     """A step over state `weight` and `moment`, counting how often its Python runs."""
 
@@ -58,12 +73,12 @@ def expected(steps: int) -> list[list[float]]:
     return rows
 
 
-def test_it_traces_twice_then_replays_one_compiled_graph(xla_device: Any) -> None:
+def test_it_traces_twice_then_replays_one_compiled_graph(device: Any) -> None:
     """It runs the step's Python twice, compiles one graph, and replays it with the state."""
-    counter = Counter(xla_device)
+    counter = Counter(device)
     step = ReplayedStep(counter.step, counter.state)
     before = health.snapshot()
-    outputs = run(step, 6, xla_device)
+    outputs = run(step, 6, device)
     flat = [value for row in outputs for value in row]
     assert flat == pytest.approx([value for row in expected(6) for value in row])
     assert counter.calls == 2 and step.phase == "replay" and step.reason is None
@@ -71,9 +86,9 @@ def test_it_traces_twice_then_replays_one_compiled_graph(xla_device: Any) -> Non
     assert counter.weight.cpu().tolist() == (torch.arange(4.0) * 21).tolist()  # 1 + ... + 6
 
 
-def test_a_step_that_reads_the_device_is_traced_every_time(xla_device: Any) -> None:
+def test_a_step_that_reads_the_device_is_traced_every_time(device: Any) -> None:
     """It gives up replaying a step whose branch depends on a device value, and stays right."""
-    counter = Counter(xla_device)
+    counter = Counter(device)
 
     def branchy(x: torch.Tensor) -> dict[str, torch.Tensor]:
         out = counter.step(x)
@@ -81,17 +96,17 @@ def test_a_step_that_reads_the_device_is_traced_every_time(xla_device: Any) -> N
             out["total"] = out["total"] * 0
         return out
 
-    outputs = run(ReplayedStep(branchy, counter.state), 4, xla_device)
+    outputs = run(ReplayedStep(branchy, counter.state), 4, device)
     want = [row[0] if row[0] <= 20 else 0.0 for row in expected(4)]  # total = 2 x the sum
     assert [row[0] for row in outputs] == want and want.count(0.0) == 3
     step = ReplayedStep(branchy, counter.state)
-    step(torch.ones(4).to(xla_device))
+    step(torch.ones(4).to(device))
     assert step.reason == "the step reads the device (a data-dependent branch)"
 
 
-def test_a_host_number_that_changes_is_never_frozen_into_the_graph(xla_device: Any) -> None:
+def test_a_host_number_that_changes_is_never_frozen_into_the_graph(device: Any) -> None:
     """It compares the constants of its two traces and traces every step when one changes."""
-    counter = Counter(xla_device)
+    counter = Counter(device)
     scale = iter([1.5, 2.5, 3.5, 4.5, 5.5])
 
     def scaled(x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -100,7 +115,7 @@ def test_a_host_number_that_changes_is_never_frozen_into_the_graph(xla_device: A
         return out
 
     step = ReplayedStep(scaled, counter.state)
-    outputs = run(step, 5, xla_device)
+    outputs = run(step, 5, device)
     factors = [1.5, 2.5, 3.5, 4.5, 5.5]
     assert [row[0] for row in outputs] == pytest.approx(
         [row[0] * f for row, f in zip(expected(5), factors, strict=True)]
@@ -109,10 +124,10 @@ def test_a_host_number_that_changes_is_never_frozen_into_the_graph(xla_device: A
 
 
 def test_a_step_that_keeps_tensors_outside_its_state_is_traced_every_time(
-    xla_device: Any,
+    device: Any,
 ) -> None:
     """It refuses to replay a step that leaves a result on the side, which replay would lose."""
-    counter = Counter(xla_device)
+    counter = Counter(device)
     kept: list[torch.Tensor] = []
 
     def keeping(x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -121,30 +136,30 @@ def test_a_step_that_keeps_tensors_outside_its_state_is_traced_every_time(
         return out
 
     step = ReplayedStep(keeping, counter.state)
-    run(step, 3, xla_device)
+    run(step, 3, device)
     assert step.reason == "the step keeps tensors it neither updates nor returns"
     assert kept[-1].cpu().tolist() == pytest.approx((counter.moment.cpu() * 10).tolist())
 
 
-def test_random_numbers_follow_the_same_stream_replayed_or_traced(xla_device: Any) -> None:
+def test_random_numbers_follow_the_same_stream_replayed_or_traced(device: Any) -> None:
     """It feeds each replayed step the device's seed, as a traced step draws it."""
     import torch_xla
     import torch_xla.core.xla_model as xm
 
     def draws(reason: str | None) -> list[list[float]]:
         xm.set_rng_state(1234)
-        noise = torch.zeros(3, device=xla_device)
+        noise = torch.zeros(3, device=device)
         torch_xla.sync()
 
         def noisy(x: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():
-                noise.add_(torch.rand(3, device=xla_device) + x)
+                noise.add_(torch.rand(3, device=device) + x)
             return noise * 1.0
 
         step = ReplayedStep(noisy, lambda: [noise], reason=reason)
         rows = []
         for _ in range(5):
-            out = step(torch.zeros(3).to(xla_device))
+            out = step(torch.zeros(3).to(device))
             torch_xla.sync()
             rows.append(out.cpu().tolist())
         assert step.reason == reason
@@ -153,32 +168,35 @@ def test_random_numbers_follow_the_same_stream_replayed_or_traced(xla_device: An
     replayed, traced = draws(None), draws("traced for reference")
     assert replayed == traced
     assert len({tuple(row) for row in replayed}) == 5  # a new draw at every step
-
-
-# Dropout where the example has it: each replayed step must draw new numbers.
-{% if cookiecutter.example_task == "lm" -%}
-NOISE: dict[str, Any] = {"dropout": 0.1}
-{%- else -%}
-NOISE: dict[str, Any] = {}
 {%- endif %}
 
 
-@pytest.mark.slow
-def test_the_trainer_replays_its_step_with_the_traced_losses(tmp_path: Path) -> None:
-    """It replays the fsdp x8 step after two traces (two micro-batches each): the losses of
-    tracing every step, one train graph, and no device read but the logged losses."""
+@pytest.fixture(scope="module")
+def replayed_and_traced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The fsdp run of 8 steps (two micro-batches each), its step replayed, and the same run
+    traced at every step (`replay_step = false`): their summaries."""
+    folder = tmp_path_factory.mktemp("replay")
     options = {**TINY["task_options"], **NOISE}
-    config = write_config(tmp_path, max_steps=8, log_every=1, grad_accum=2, task_options=options)
+    config = write_config(folder, max_steps=8, log_every=1, grad_accum=2, task_options=options)
     runs = {}
     for replay in ("true", "false"):
-        run_dir = tmp_path / replay
+        run_dir = folder / replay
         done = cli(
-            "train", "--config", str(config), "--run-dir", str(run_dir), "--devices", "8",
-            "--strategy", "fsdp", "--set", f"replay_step={replay}",
+            "train", "--config", str(config), "--run-dir", str(run_dir), *many("fsdp"),
+            "--set", f"replay_step={replay}",
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         runs[replay] = json.loads((run_dir / "summary.json").read_text())
-    replayed, traced = runs["true"], runs["false"]
+    return runs
+
+
+@pytest.mark.slow
+def test_the_trainer_replays_its_step_with_the_traced_losses(
+    replayed_and_traced: dict[str, Any],
+) -> None:
+    """It replays the fsdp step after its warm-up (two micro-batches each): the losses of
+    tracing every step, and no device read but the logged losses."""
+    replayed, traced = replayed_and_traced["true"], replayed_and_traced["false"]
     reads = replayed["step"].pop("warmup_reads")
     assert replayed["step"] == {"replayed": True, "traced_because": None}
     assert traced["step"] == {
@@ -190,7 +208,13 @@ def test_the_trainer_replays_its_step_with_the_traced_losses(tmp_path: Path) -> 
     assert [loss for _, loss in replayed["train_losses"]] == pytest.approx(
         [loss for _, loss in traced["train_losses"]], rel=1e-5
     )
-    assert replayed["loop_compilations"] == 1
     # One loss read a step; the replayed run adds the reads its warm-up reports, at most one.
     assert traced["loop_transfers"] == 8 and replayed["loop_transfers"] == 8 + reads <= 9
     assert replayed["host_ms_per_step"] > 0
+
+
+@pytest.mark.slow
+@one_graph_per_step_kind
+def test_the_replayed_trainer_step_is_one_graph(replayed_and_traced: dict[str, Any]) -> None:
+    """It compiles one train graph for the replayed fsdp step."""
+    assert replayed_and_traced["true"]["loop_compilations"] == 1

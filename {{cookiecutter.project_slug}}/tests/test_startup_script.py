@@ -56,6 +56,15 @@ def _pins() -> dict[str, str]:
     return pins
 
 
+def _backend() -> tuple[str, str]:
+    """The `tpu` extra's one requirement (torch_xla[tpu], or torch-tpu) and the script's
+    variable for its version."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    (requirement,) = project["optional-dependencies"]["tpu"]
+    name = re.split(r"[\[=]", requirement)[0]
+    return requirement, f"{name.upper().replace('-', '_')}_VERSION"
+
+
 @pytest.fixture
 def metadata_server() -> Iterator[tuple[str, list[tuple[str, str, str]]]]:
     """A metadata server on 127.0.0.1 recording each guest attribute PUT (path, flavor, value)."""
@@ -101,28 +110,29 @@ def test_startup_script_is_shellcheck_clean() -> None:
 
 
 def test_dry_run_installs_torch_from_the_cpu_index_and_changes_nothing(tmp_path: Path) -> None:
-    """It installs torch from the CPU wheel index, then torch_xla[tpu], as the Dockerfile does."""
+    """It installs the pinned torch from the CPU wheel index, then the `tpu` extra's backend
+    (torch_xla[tpu], or torch-tpu), as the Dockerfile does."""
     result = _run(tmp_path, DRY_RUN="1")
     assert result.returncode == 0, result.stderr
     pip = f"would run: {tmp_path}/project/.venv/bin/python -m pip install --quiet"
     lines = result.stdout.splitlines()
     assert f"would run: python3 -m venv {tmp_path}/project/.venv" in lines
-    assert f"{pip} --index-url {CPU_INDEX} torch==2.9.0" in lines
-    assert f"{pip} torch_xla[tpu]==2.9.0" in lines
-    assert lines.index(f"{pip} --index-url {CPU_INDEX} torch==2.9.0") < lines.index(
-        f"{pip} torch_xla[tpu]==2.9.0"
-    )
+    torch = f"{pip} --index-url {CPU_INDEX} torch=={_pins()['torch']}"
+    backend = f"{pip} {_backend()[0]}"
+    assert torch in lines and backend in lines
+    assert lines.index(torch) < lines.index(backend)
     assert "would run: touch" in result.stdout
     assert not (tmp_path / "project").exists()
     assert not (tmp_path / "startup.log").exists()
 
 
 def test_pins_match_the_package_and_the_dockerfile() -> None:
-    """It installs the torch and torch_xla versions pyproject.toml pins, like the Dockerfile."""
+    """It installs the torch and backend versions pyproject.toml pins, like the Dockerfile."""
     pins = _pins()
     text = SCRIPT.read_text()
     assert f"TORCH_VERSION={pins['torch']}\n" in text
-    assert f"TORCH_XLA_VERSION={pins['torch_xla']}\n" in text
+    requirement, variable = _backend()
+    assert f"{variable}={requirement.split('==')[1]}\n" in text
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert f"ARG TORCH_INDEX_URL={CPU_INDEX}" in dockerfile
     assert 'TORCH_INDEX_URL="${TORCH_INDEX_URL:-' + CPU_INDEX + '}"' in text
@@ -131,7 +141,7 @@ def test_pins_match_the_package_and_the_dockerfile() -> None:
 def test_torch_index_can_be_overridden(tmp_path: Path) -> None:
     """It takes the torch wheel index from TORCH_INDEX_URL (a mirror)."""
     result = _run(tmp_path, DRY_RUN="1", TORCH_INDEX_URL="http://mirror/whl")
-    assert "--index-url http://mirror/whl torch==2.9.0" in result.stdout
+    assert f"--index-url http://mirror/whl torch=={_pins()['torch']}" in result.stdout
 
 
 def test_dry_run_with_image_pulls_instead_of_installing(tmp_path: Path) -> None:
@@ -139,8 +149,11 @@ def test_dry_run_with_image_pulls_instead_of_installing(tmp_path: Path) -> None:
     result = _run(tmp_path, DRY_RUN="1", IMAGE="registry.example/train:1")
     assert "would run: docker pull registry.example/train:1" in result.stdout
     assert "pip install" not in result.stdout
+{%- if cookiecutter.backend == "torch_xla" %}
 
 
+# torch_xla only: a venv with the whole runtime installed (torch-tpu is never installed off a
+# TPU, so on torch_tpu the script would install it).
 def test_installed_runtime_is_not_installed_again_and_progress_is_reported(
     tmp_path: Path,
     installed_venv: Path,
@@ -160,6 +173,7 @@ def test_installed_runtime_is_not_installed_again_and_progress_is_reported(
     assert {flavor for _, flavor, _ in received} == {"Google"}
     assert [value.split(" ", 1)[0] for _, _, value in received] == ["1/4", "2/4", "3/4", "4/4"]
     assert received[-1][2] == "4/4 ready"
+{%- endif %}
 
 
 def test_a_failing_step_is_logged_published_and_leaves_no_marker(

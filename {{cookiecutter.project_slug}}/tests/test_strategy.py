@@ -1,15 +1,19 @@
 """Strategies resolve as documented, refuse bad requests, and train like one device."""
 
+{% if cookiecutter.backend == "torch_xla" -%}
 import json
 import re
 import sys
 from typing import Any
 
+{% endif -%}
 import pytest
+{% if cookiecutter.backend == "torch_xla" -%}
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
+{% endif %}
+{% if cookiecutter.backend == "torch_xla" -%}
 from {{ cookiecutter.package_name }}.core import DeviceFeeder, RuntimeConfigError, launch, make_plan, ops
 from {{ cookiecutter.package_name }}.core.launcher import parse_devices
 from {{ cookiecutter.package_name }}.core.strategies import (
@@ -19,18 +23,31 @@ from {{ cookiecutter.package_name }}.core.strategies import (
     SpmdDataParallel,
     parse_mesh,
 )
+{%- else -%}
+from {{ cookiecutter.package_name }}.core import RuntimeConfigError, make_plan
+from {{ cookiecutter.package_name }}.core.strategies import FullyShardedDataParallel, parse_mesh
+{%- endif %}
 
-SPMD_DEVICES = 8
+import backend_facts
+
+MESH_DEVICES = 8  # the job the mesh requests are planned for (nothing starts)
 GLOBAL_BATCH = 64
 
 
-def test_auto_strategy_emulates_many_cpu_devices_with_spmd():
-    """It picks spmd for several XLA:CPU devices and single for one."""
+def test_auto_strategy_runs_many_cpu_devices_replicated_and_one_alone():
+    """It picks the replicated strategy (spmd on torch_xla, ddp on torch_tpu) for several CPU
+    devices and single for one."""
+    many = backend_facts.MANY_DEVICES
+    assert make_plan("cpu", many).strategy.name == backend_facts.REPLICATED
+    assert make_plan("cpu", str(many), "auto").strategy.name == backend_facts.REPLICATED
+    assert make_plan("cpu", 1).strategy.name == "single"
+{%- if cookiecutter.backend == "torch_xla" %}
     assert make_plan("cpu", 8).strategy == SpmdDataParallel("cpu", 8)
-    assert make_plan("cpu", "8", "auto").strategy.name == "spmd"
     assert make_plan("cpu", 1).strategy == SingleDevice("cpu", 1)
 
 
+# torch_xla only: its `auto` on a TPU host (torch_tpu's is ddp wherever it runs: test_backend.py)
+# and its refusal of ddp over XLA:CPU devices (torch_tpu runs ddp on CPU processes).
 def test_auto_strategy_on_a_multi_device_tpu_host_is_spmd(monkeypatch):
     """It picks spmd, not ddp, for every device of a TPU host; ddp stays explicit."""
     monkeypatch.setenv("PJRT_DEVICE", "TPU")
@@ -43,6 +60,7 @@ def test_ddp_on_several_cpu_devices_points_to_spmd():
     """It refuses ddp over several XLA:CPU devices and names --strategy spmd instead."""
     with pytest.raises(RuntimeConfigError, match="--strategy spmd"):
         make_plan("cpu", 8, "ddp")
+{%- endif %}
 
 
 @pytest.mark.parametrize("devices", ["0", "-1", "two", "1.5", "[a]", "[]", ""])
@@ -54,11 +72,16 @@ def test_bad_devices_are_rejected(devices):
 
 def test_unknown_strategy_is_rejected_with_the_choices():
     """It rejects an unknown strategy and lists the valid ones."""
-    choices = r"unknown strategy 'zero'.*single, ddp, spmd, fsdp"
+    choices = r"unknown strategy 'zero'.*" + ", ".join(backend_facts.STRATEGIES)
     with pytest.raises(RuntimeConfigError, match=choices):
         make_plan("cpu", 1, "zero")
 
 
+{%- if cookiecutter.backend == "torch_xla" %}
+
+
+# torch_xla only: the chip is chosen through PJRT's variables, with PJRT_DEVICE=TPU standing
+# in for a TPU (torch_tpu needs TPU device files and torch_tpu itself to plan for a TPU).
 def test_one_core_id_selects_that_chip_on_tpu(monkeypatch, restore_environ):
     """It parses '[5]' as one device on core 5 and exposes only that chip to PJRT."""
     import os
@@ -74,6 +97,7 @@ def test_one_core_id_selects_that_chip_on_tpu(monkeypatch, restore_environ):
     runtime.configure(plan.accelerator, tpu_core=plan.core)
     assert os.environ["TPU_VISIBLE_CHIPS"] == "5"
     assert os.environ["TPU_PROCESS_BOUNDS"] == "1,1,1"
+{%- endif %}
 
 
 def test_one_core_id_needs_a_tpu():
@@ -98,19 +122,27 @@ BAD_MESHES = {
     "no-size": ("fsdp", "fsdp", "axis=size"),
     "twice": ("fsdp", "fsdp=4,fsdp=2", "given twice"),
     "fsdp-without-fsdp-axis": ("fsdp", "data=8", "needs a 'fsdp' axis"),
+{%- if cookiecutter.backend == "torch_xla" %}
     "spmd-with-fsdp-axis": ("spmd", "fsdp=8", "use --strategy fsdp"),
-    "mesh-for-ddp": ("ddp", "data=1", "a mesh is for strategies spmd and fsdp"),
+{%- endif %}
+    "mesh-for-ddp": ("ddp", "data=1", "a mesh is for strateg.*, not 'ddp'"),
 }
 
 
 @pytest.mark.parametrize("strategy,mesh,message", BAD_MESHES.values(), ids=BAD_MESHES.keys())
 def test_bad_mesh_is_refused_before_anything_starts(strategy, mesh, message):
     """It refuses a mesh with an unknown axis or the wrong size, naming the fix."""
-    devices = 1 if strategy == "ddp" else SPMD_DEVICES
+    devices = 1 if strategy == "ddp" else MESH_DEVICES
     with pytest.raises(RuntimeConfigError, match=message):
         make_plan("cpu", devices, strategy, mesh)
 
 
+{%- if cookiecutter.backend == "torch_xla" %}
+
+
+# torch_xla only: how SPMD shards the batch and the parameters over 8 devices of one process
+# (torch_xla's sharding specs). torch_tpu's layouts give the one-process losses in
+# test_distributed.py.
 def training_steps(strategy_name: str, devices: int) -> dict[str, Any]:
     """Three AdamW steps of a small MLP on fixed full batches; runs inside `launch`."""
     import torch_xla
@@ -146,7 +178,7 @@ def training_steps(strategy_name: str, devices: int) -> dict[str, Any]:
 @pytest.fixture(scope="module", params=["spmd", "fsdp"])
 def eight_device_run(request, python_subprocess):
     """The training steps on 8 XLA:CPU devices under spmd or fsdp, in a fresh runtime."""
-    env = {"CPU_NUM_DEVICES": str(SPMD_DEVICES)}
+    env = {"CPU_NUM_DEVICES": str(MESH_DEVICES)}
     result = python_subprocess([__file__, request.param], env=env, unset=("XLA_USE_BF16",))
     return request.param, result
 
@@ -178,5 +210,6 @@ def test_eight_device_steps_match_single_device_steps(eight_device_run, restore_
 if __name__ == "__main__":
     # Child mode for `eight_device_run`: SPMD is process-wide and starts before any XLA tensor.
     name = sys.argv[1]
-    plan = make_plan("cpu", SPMD_DEVICES, name)
-    print(json.dumps(launch(training_steps, plan, (name, SPMD_DEVICES))))
+    plan = make_plan("cpu", MESH_DEVICES, name)
+    print(json.dumps(launch(training_steps, plan, (name, MESH_DEVICES))))
+{%- endif %}

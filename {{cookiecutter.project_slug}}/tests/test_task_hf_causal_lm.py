@@ -13,6 +13,7 @@ from {{ cookiecutter.package_name }}.core import find_shared_parameters, move_to
 from {{ cookiecutter.package_name }}.hf import HFConfigError, block_class
 from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
 
+from backend_facts import PLAIN_TO_UNTIES
 from hf_helpers import TINY, cache_tiny_pretrained, first_batch, save_tiny_pretrained
 
 pytestmark = pytest.mark.hf
@@ -36,16 +37,17 @@ def test_architecture_builds_that_transformers_model(architecture):
     assert sum(isinstance(m, block) for m in model.modules()) == TINY["layers"]
 
 
-def test_model_keeps_its_tie_across_the_move(xla_device):
+def test_model_keeps_its_tie_across_the_move(device):
     """It ties the output head to the token embedding, on the host and on the device."""
     model = make_task(**TINY, architecture="gemma").build_model()
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert find_shared_parameters(model) == [["model.embed_tokens.weight", "lm_head.weight"]]
     count = len(list(model.parameters()))
-    untied = copy.deepcopy(model).to(xla_device)
-    assert len(list(untied.parameters())) == count + 1, "plain .to() keeps the tie now"
+    untied = copy.deepcopy(model).to(device)
+    # The reason move_to_device re-ties (torch_xla): a plain .to() that unties.
+    assert len(list(untied.parameters())) == count + PLAIN_TO_UNTIES, "plain .to() changed"
 
-    move_to_device(model, xla_device)
+    move_to_device(model, device)
 
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert len(list(model.parameters())) == count
@@ -75,12 +77,12 @@ def test_forward_is_causal():
     assert not torch.equal(before[:, 10:], after[:, 10:])
 
 
-def test_loss_and_metrics_on_the_device(xla_device):
+def test_loss_and_metrics_on_the_device(device):
     """It gives a scalar loss and one mean token loss per sample (weighted by its tokens that
     carry loss) whose mean is that loss."""
     task = make_task(**TINY)
-    model = move_to_device(task.build_model(), xla_device)
-    batch = {k: v.to(xla_device) for k, v in first_batch(task, size=4).items()}
+    model = move_to_device(task.build_model(), device)
+    batch = {k: v.to(device) for k, v in first_batch(task, size=4).items()}
 
     loss = task.loss(model, batch)
     metrics = task.metrics(model, batch)

@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import copy
 import json
+{% if cookiecutter.backend == "torch_xla" -%}
 import re
+{% endif -%}
 from pathlib import Path
 from typing import Any
 
+{% if cookiecutter.backend == "torch_xla" -%}
 import pytest
+{% endif -%}
 import torch
 import torch.nn.functional as F
-import torch_xla
 
-from {{ cookiecutter.package_name }}.core import health
+from {{ cookiecutter.package_name }}.core import health, ops
 from {{ cookiecutter.package_name }}.data.encoding import Tokenizer
 from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
 from {{ cookiecutter.package_name }}.tasks import load_task
 
 from data_helpers import document_spans, short_documents_jsonl, window_with_documents
-from training_helpers import cli, write_config
+from training_helpers import cli{% if cookiecutter.backend == "torch_xla" %}, write_config{% endif %}
 
 # Windows of 128 bytes, each holding several short documents.
 DOCUMENTS = {"seq_len": 128, "dim": 32, "layers": 2, "heads": 2}
@@ -50,7 +53,9 @@ def per_token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
 
 
-def test_packed_documents_have_the_losses_they_have_alone(tmp_path: Path, xla_device: Any) -> None:
+def test_packed_documents_have_the_losses_they_have_alone(
+    tmp_path: Path, device: Any, compiled: Any
+) -> None:
     """It gives each document of a packed window its losses alone, in one graph, no host read."""
     out = tmp_path / "prepared"
     settings = Settings(DOCUMENTS["seq_len"], eval_fraction=0.1)
@@ -64,12 +69,12 @@ def test_packed_documents_have_the_losses_they_have_alone(tmp_path: Path, xla_de
         alone = [per_token_losses(model(sample["x"][None, a:b]), sample["y"][None, a:b])
                  for a, b in spans]  # fmt: skip
         unmasked = per_token_losses(model(sample["x"][None]), sample["y"][None])
-        on_device = copy.deepcopy(model).to(xla_device)
-        x, y, positions = (sample[key][None].to(xla_device) for key in ("x", "y", "positions"))
-        torch_xla.sync()
+        on_device = compiled(copy.deepcopy(model).to(device))
+        x, y, positions = (sample[key][None].to(device) for key in ("x", "y", "positions"))
+        ops.sync()
         before = health.snapshot()
         packed = per_token_losses(on_device(x, positions), y)
-        torch_xla.sync()
+        ops.sync()
         counted = health.snapshot().since(before)
     assert (counted.compilations, counted.transfers) == (1, 0), counted
 
@@ -80,8 +85,11 @@ def test_packed_documents_have_the_losses_they_have_alone(tmp_path: Path, xla_de
     # Unmasked, every document after the first reads its neighbours: its losses change.
     for (start, end), losses in zip(spans[1:], alone[1:], strict=True):
         assert (unmasked[start:end] - losses).abs().max() > 1e-3, (start, end)
+{%- if cookiecutter.backend == "torch_xla" %}
 
 
+# The `context` axis is torch_xla's (torch_tpu offers data, fsdp and tensor), and the
+# activations per device are read from XLA's buffer assignment.
 # Sequences of 2048 tokens of short documents, a global batch of 2, on one device and split
 # over 8.
 LONG = {"seq_len": 2048, "dim": 32, "layers": 1, "heads": 8}
@@ -170,3 +178,4 @@ def test_context_axis_trains_long_sequences_like_one_device_on_a_share_of_memory
     for name in ("context=8", "context=4,fsdp=2"):
         assert planned[name] == pytest.approx(planned["one device"] / 8, rel=0.01), planned
         assert temporaries[name] < temporaries["one device"] / 4, temporaries
+{%- endif %}

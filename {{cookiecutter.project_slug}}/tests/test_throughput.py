@@ -27,7 +27,7 @@ class LinearTask:
         return F.mse_loss(model(batch["x"]), batch["y"])
 
 
-def test_flops_are_counted_on_the_meta_device(xla_device: Any) -> None:
+def test_flops_are_counted_on_the_meta_device(device: Any) -> None:
     """It counts the loss's forward and backward FLOPs: 2 x 2 x batch x in x out here."""
     # (As in a run, the XLA device is in use first: autograd must know it before any
     # backward pass, the meta one included.)

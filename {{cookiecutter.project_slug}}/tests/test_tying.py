@@ -1,4 +1,4 @@
-"""Tied weights stay tied across the move to an XLA device, and through training."""
+"""Tied weights stay tied across the move to the device, and through training."""
 
 import copy
 import warnings
@@ -7,7 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from {{ cookiecutter.package_name }}.core import find_shared_parameters, move_to_device
+from {{ cookiecutter.package_name }}.core import find_shared_parameters, move_to_device, ops
+
+from backend_facts import DEVICE_TYPE, PLAIN_TO_UNTIES
 
 
 class WeightSharingModule(nn.Module):
@@ -100,39 +102,39 @@ def distinct_parameters(module: nn.Module) -> int:
 
 
 @pytest.mark.parametrize("kind", list(MODELS))
-def test_plain_to_unties_what_move_to_device_keeps_tied(kind, xla_device):
-    """It keeps count and identity of tied parameters where plain `.to()` loses them."""
+def test_move_to_device_keeps_tied_what_plain_to_may_untie(kind, device):
+    """It keeps count and identity of tied parameters, where torch_xla's plain `.to()` loses
+    them."""
     torch.manual_seed(0)
     model = MODELS[kind]()
     before = distinct_parameters(model)
 
-    untied = copy.deepcopy(model).to(xla_device)
-    assert distinct_parameters(untied) > before, "plain .to() no longer unties: drop the fix?"
+    untied = copy.deepcopy(model).to(device)
+    # The reason move_to_device re-ties (torch_xla): a plain .to() that unties.
+    assert (distinct_parameters(untied) > before) is PLAIN_TO_UNTIES, "plain .to() changed"
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        moved = move_to_device(model, xla_device)
+        moved = move_to_device(model, device)
     assert moved is model
     assert distinct_parameters(model) == before
     assert all(a is b for a, b in model.tied_pairs())
-    assert all(p.device.type == "xla" for p in model.parameters())
+    assert all(p.device.type == DEVICE_TYPE for p in model.parameters())
     assert not [w for w in caught if "distinct parameters" in str(w.message)]
 
 
 @pytest.mark.parametrize("kind", list(MODELS))
-def test_optimizer_step_keeps_tied_weights_equal(kind, xla_device):
-    """It keeps tied weights equal after an SGD step on the XLA device."""
-    import torch_xla
-
+def test_optimizer_step_keeps_tied_weights_equal(kind, device):
+    """It keeps tied weights equal after an SGD step on the device."""
     torch.manual_seed(0)
-    model = move_to_device(MODELS[kind](), xla_device)
+    model = move_to_device(MODELS[kind](), device)
     initial = [a.detach().cpu().clone() for a, _ in model.tied_pairs()]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
 
-    loss = model(INPUTS[kind]().to(xla_device)).float().pow(2).mean()
+    loss = model(INPUTS[kind]().to(device)).float().pow(2).mean()
     loss.backward()
     optimizer.step()
-    torch_xla.sync()
+    ops.sync()
 
     for (a, b), start in zip(model.tied_pairs(), initial, strict=True):
         a_cpu, b_cpu = a.detach().cpu(), b.detach().cpu()
@@ -140,7 +142,7 @@ def test_optimizer_step_keeps_tied_weights_equal(kind, xla_device):
         assert torch.equal(a_cpu, b_cpu)
 
 
-def test_post_move_hook_is_called_after_the_move(xla_device):
+def test_post_move_hook_is_called_after_the_move(device):
     """It calls `on_post_move_to_device()` once, with the weights already on the device."""
 
     class HookedModule(WeightSharingModule):
@@ -151,12 +153,12 @@ def test_post_move_hook_is_called_after_the_move(xla_device):
         def on_post_move_to_device(self) -> None:
             self.hook_devices.append(self.layer_1.weight.device.type)
 
-    model = move_to_device(HookedModule(), xla_device)
+    model = move_to_device(HookedModule(), device)
 
-    assert model.hook_devices == ["xla"]
+    assert model.hook_devices == [DEVICE_TYPE]
 
 
-def test_mismatched_parameter_count_warns_with_both_counts(xla_device):
+def test_mismatched_parameter_count_warns_with_both_counts(device):
     """It warns with the counts before and after when a hook unties a weight."""
 
     class UntyingModule(WeightSharingModule):
@@ -164,7 +166,7 @@ def test_mismatched_parameter_count_warns_with_both_counts(xla_device):
             self.layer_3.weight = nn.Parameter(self.layer_1.weight.detach().clone())
 
     with pytest.warns(UserWarning, match=r"had 2 distinct parameters before .* and 3 after"):
-        move_to_device(UntyingModule(), xla_device)
+        move_to_device(UntyingModule(), device)
 
 
 def test_find_shared_parameters_returns_groups_of_tied_names():

@@ -16,6 +16,7 @@ import yaml
 
 from {{ cookiecutter.package_name }}.cli_common import EXIT_PREEMPTED
 
+from backend_facts import CHILD_ENV
 from gates import Gate, children, signal_taken, wait_for_line, wait_taken
 from threads_at_exit import LEFT as THREADS_LEFT
 
@@ -97,7 +98,7 @@ TENSOR_CODE = re.compile(r"\[(torch|torch_xla|torch_tpu|{{ cookiecutter.package_
 
 
 def cli_env(src: Path = SRC) -> dict[str, str]:
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **CHILD_ENV, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
     return env
 
@@ -159,6 +160,8 @@ def preempt(
         assert said[-1].startswith("stopped by SIGTERM at step "), output[-4000:]
     assert threads_left(output) == set(), output[-4000:]
     stopped = json.loads((run_dir / "summary.json").read_text())
+    if workers and not every_process:  # the launcher's count: its workers, nothing else
+        assert f"SIGTERM: sent on to {stopped['devices']} processes" in output, output[-4000:]
     assert stopped["status"] == "preempted", stopped["status"]
     assert gate.steps <= stopped["steps"] <= gate.steps + 1, (stopped["steps"], gate.steps)
     return stopped

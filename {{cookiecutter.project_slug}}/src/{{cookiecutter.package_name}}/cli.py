@@ -44,7 +44,13 @@ app.command("goodput")(goodput_cli.goodput_command)
 ConfigFile = Annotated[
     Path | None, typer.Option("--config", "-c", help="TOML or YAML file of config keys.")
 ]
+{%- if cookiecutter.backend == "torch_tpu" %}
+STRATEGY_HELP = "auto, single, ddp or fsdp."
+MESH_HELP = "fsdp device mesh: fsdp=8, data=2,fsdp=4, fsdp=4,tensor=2."
+{%- else %}
 STRATEGY_HELP = "auto, single, ddp, spmd or fsdp."
+MESH_HELP = "spmd/fsdp device mesh: fsdp=8, data=2,fsdp=4."
+{%- endif %}
 RESUME_HELP = "auto (if a checkpoint exists, else fresh), latest, or a checkpoint path/URL."
 CHECKPOINT_HELP = "A checkpoint, or a checkpoint directory (its newest); a path or URL."
 Sets = Annotated[
@@ -58,9 +64,7 @@ def train(
     accelerator: Annotated[str | None, typer.Option(help="auto, tpu or cpu.")] = None,
     devices: Annotated[str | None, typer.Option(help="1, 8, all, or one core id like [5].")] = None,
     strategy: Annotated[str | None, typer.Option(help=STRATEGY_HELP)] = None,
-    mesh: Annotated[
-        str | None, typer.Option(help="spmd/fsdp device mesh: fsdp=8, data=2,fsdp=4.")
-    ] = None,
+    mesh: Annotated[str | None, typer.Option(help=MESH_HELP)] = None,
     precision: Annotated[
         str | None, typer.Option(help="32-true, bf16-mixed, bf16-true, ...")
     ] = None,
@@ -178,7 +182,7 @@ def profile(
     typer.echo(f"trace: {captured['traces'][0]}")
     typer.echo(f"view it with: tensorboard --logdir {run_dir}/profile")
     if captured["device"] != "TPU":
-        typer.echo("note: off-TPU the trace holds host and XLA:CPU activity only;")
+        typer.echo("note: off-TPU the trace holds host and {% if cookiecutter.backend == "torch_tpu" %}CPU{% else %}XLA:CPU{% endif %} activity only;")
         typer.echo("      TPU timelines need a TPU")
 
 
@@ -189,7 +193,12 @@ def debug(
     run_dir: Annotated[str, typer.Option(help="Where the report goes.")] = "runs/debug",
     sets: Sets = None,
 ) -> None:
+{%- if cookiecutter.backend == "torch_tpu" %}
+    """Train briefly, then print and save torch.compile's counters (graphs, graph breaks,
+    device reads) with a diagnosis."""
+{%- else %}
     """Train briefly, then print and save torch_xla's metrics report with a diagnosis."""
+{%- endif %}
     flags = {"max_steps": max_steps, "run_dir": run_dir, "metrics_report": True}
     summary = _run(resolve_config(config, sets, flags))
     typer.echo(Path(summary["metrics_report"]).read_text())
@@ -202,7 +211,7 @@ def evaluate(
     accelerator: Annotated[str | None, typer.Option(help="auto, tpu or cpu.")] = None,
     devices: Annotated[str | None, typer.Option(help="1, 8, all, or [core].")] = None,
     strategy: Annotated[str | None, typer.Option(help=STRATEGY_HELP)] = None,
-    mesh: Annotated[str | None, typer.Option(help="spmd/fsdp device mesh.")] = None,
+    mesh: Annotated[str | None, typer.Option(help=MESH_HELP)] = None,
     data: Annotated[str | None, typer.Option(help="Evaluate on other data.")] = None,
 ) -> None:
     """Evaluate a checkpoint (resharded to any strategy) and print the metrics as JSON."""
@@ -223,7 +232,7 @@ def evaluate(
         saved.update({k: v for k, v in flags.items() if v is not None})
         cfg = build_config(None, saved)
         plan = plan_of(cfg)
-        if plan.strategy.spawns():
+        if not plan.strategy.returns_result():
             fail("eval returns its metrics from one process: use --strategy spmd or --devices 1")
         metrics = launch(evaluate_checkpoint, plan, args=(cfg, plan, path))
     except (CheckpointError, ConfigError, RuntimeConfigError, ValueError) as error:
@@ -262,7 +271,7 @@ def doctor(
     config: ConfigFile = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
 ) -> None:
-    """Check the torch/torch_xla setup of this host; print the fix of each problem."""
+    """Check the torch/{% if cookiecutter.backend == "torch_tpu" %}TorchTPU{% else %}torch_xla{% endif %} setup of this host; print the fix of each problem."""
     import os
 
     from .core.doctor import run_checks

@@ -19,8 +19,8 @@ _EXPORTS = {
     "eval_dataloader": "data",
     "prepare_dataloader": "data",
     "set_epoch": "data",
-    "XlaGuard": "health",
-    "XlaHealthError": "health",
+    "HealthError": "health",
+    "StepGuard": "health",
     "snapshot": "health",
     "Plan": "launcher",
     "launch": "launcher",
@@ -39,14 +39,14 @@ _EXPORTS = {
 
 __all__ = [
     "DeviceFeeder",
+    "HealthError",
     "Plan",
     "Precision",
     "ReplayedStep",
     "RuntimeConfigError",
+    "StepGuard",
     "Strategy",
     "TieReport",
-    "XlaGuard",
-    "XlaHealthError",
     "check_batch",
     "configure",
     "detect_accelerator",
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
         prepare_dataloader,
         set_epoch,
     )
-    from .health import XlaGuard, XlaHealthError, snapshot
+    from .health import HealthError, StepGuard, snapshot
     from .launcher import Plan, launch, make_plan
     from .precision import Precision
     from .replay import ReplayedStep

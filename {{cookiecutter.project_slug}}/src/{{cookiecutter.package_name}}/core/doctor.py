@@ -14,7 +14,8 @@ from .check_order import run_in_order
 from .host_checks import XRT_VARIABLES, Check, major_minor, package_version
 
 
-def xla_version() -> str | None:
+def backend_version() -> str | None:
+    """The installed torch_xla's version, or None."""
     return package_version("torch_xla") or package_version("torch-xla")
 
 
@@ -27,6 +28,17 @@ def xla_dist_available() -> bool:
     return any(
         (Path(folder) / "distributed" / "xla_dist.py").exists()
         for folder in spec.submodule_search_locations
+    )
+
+
+def legacy_launcher_problem() -> str | None:
+    """Why POD_LAUNCHER=xla_dist cannot launch here, or None when it can."""
+    if xla_dist_available():
+        return None
+    return (
+        "POD_LAUNCHER=xla_dist needs torch_xla.distributed.xla_dist, which torch_xla "
+        f"{backend_version() or '(not installed)'} does not have (it left with XRT after 2.0): "
+        "unset POD_LAUNCHER to launch through gcloud ssh"
     )
 
 
@@ -135,7 +147,7 @@ def run_checks(
 ) -> list[Check]:
     """Every check: torch and torch_xla in lockstep first, the XLA runtime last."""
     return run_in_order(
-        check_versions(package_version("torch"), xla_version()),
+        check_versions(package_version("torch"), backend_version()),
         lambda: check_runtime_variables(environ),
         lambda: check_compile_cache(environ, compile_cache, last_run),
         check_accelerator,

@@ -1,7 +1,7 @@
 """The step guard and the counters it judges, whatever the backend.
 
 The backend's `health` module reads its runtime's counters into a `HealthSnapshot`; its
-`XlaGuard` is a `StepGuard` told how to read them, what a new graph means there and what a
+`StepGuard` is a `GuardBase` told how to read them, what a new graph means there and what a
 device-to-host read is called. The guard fails a block that compiles after warm-up or reads
 the device more often than it allows; `diagnose` says the same of a whole run.
 """
@@ -13,8 +13,8 @@ from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
 
-class XlaHealthError(AssertionError):
-    """Raised by the step guard (`XlaGuard`) when a run compiles a graph after warm-up,
+class HealthError(AssertionError):
+    """Raised by the step guard (`StepGuard`) when a run compiles a graph after warm-up,
     falls back to CPU, or reads the device where it must not."""
 
 
@@ -56,10 +56,10 @@ def all_finite(tensors: list[Any]) -> bool:
     return bool(flags.all().item())
 
 
-_Guard = TypeVar("_Guard", bound="StepGuard")
+_Guard = TypeVar("_Guard", bound="GuardBase")
 
 
-class StepGuard:
+class GuardBase:
     """Fail fast when, inside the block, a graph compiles or the step reads the device.
 
     `allowed_transfers` permits the reads of a logging cadence; `allow()` adds to it
@@ -110,7 +110,7 @@ class StepGuard:
         return self._snapshot().since(self.start)
 
     def check(self) -> None:
-        """Raise XlaHealthError naming every cause seen since the block began."""
+        """Raise HealthError naming every cause seen since the block began."""
         self.delta = self._delta()
         problems = self._graph_problems(self.delta)
         if self.delta.transfers > self.allowed_transfers:
@@ -119,7 +119,7 @@ class StepGuard:
                 "allowed: a host sync (.item(), print, bool(tensor)) runs in the step"
             )
         if problems:
-            raise XlaHealthError(f"{self.label}: " + "; ".join(problems))
+            raise HealthError(f"{self.label}: " + "; ".join(problems))
 
     @classmethod
     def diagnose(

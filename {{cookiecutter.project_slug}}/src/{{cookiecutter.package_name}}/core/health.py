@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .guard import HealthSnapshot, StepGuard
-from .guard import XlaHealthError as XlaHealthError
+from .guard import GuardBase, HealthSnapshot
+from .guard import HealthError as HealthError
 from .guard import all_finite as all_finite
 
 
@@ -55,7 +55,7 @@ def _counts(ops: dict[str, int]) -> str:
     return ", ".join(f"{k} x{v}" for k, v in sorted(ops.items()))
 
 
-class XlaGuard(StepGuard):
+class StepGuard(GuardBase):
     """Fail fast when, inside the block, XLA compiles a new graph, falls back, or syncs.
 
     With `sync=True` pending work is cut before the block and inside it at the end, so
@@ -103,4 +103,4 @@ class XlaGuard(StepGuard):
 
 
 # Plain-language findings about a run's counters (empty when healthy).
-diagnose = XlaGuard.diagnose
+diagnose = StepGuard.diagnose

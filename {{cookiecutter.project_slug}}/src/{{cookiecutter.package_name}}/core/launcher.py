@@ -46,7 +46,7 @@ def make_plan(
     if resolved == "cpu":
         if core is not None:
             raise RuntimeConfigError(
-                "selecting one core id needs a TPU; on XLA:CPU use --devices 1"
+                "selecting one core id needs a TPU; on the CPU use --devices 1"
             )
         if count is None:
             count = int(os.environ.get("CPU_NUM_DEVICES", CPU_EMULATED_DEVICES))

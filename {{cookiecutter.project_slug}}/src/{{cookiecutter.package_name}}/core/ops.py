@@ -14,6 +14,11 @@ from .portable_ops import seed_host as seed_host
 from .portable_ops import to_cpu as to_cpu
 
 
+def traced_lazily(tensor: torch.Tensor) -> bool:
+    """True for a tensor on the XLA device: traced into a graph, no value before it runs."""
+    return tensor.device.type == "xla"
+
+
 def sync() -> None:
     """Cut the lazy graph here and run it (one training or eval step)."""
     import torch_xla

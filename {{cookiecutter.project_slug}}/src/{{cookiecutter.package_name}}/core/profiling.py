@@ -30,6 +30,10 @@ def capture(logdir: Path, duration_ms: int, port: int) -> None:
     xp.trace_detached(f"localhost:{port}", str(logdir), duration_ms=max(1, duration_ms))
 
 
+def tick(final: bool = False) -> None:
+    """Nothing to do in the loop: torch_xla's capture stops and writes by itself."""
+
+
 def traces(logdir: Path) -> list[Path]:
     """Trace files written under `logdir`."""
     return sorted((logdir / "plugins" / "profile").glob("*/*.xplane.pb"))

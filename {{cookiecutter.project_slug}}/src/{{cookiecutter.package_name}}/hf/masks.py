@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ..core import ops
+
 _PATCHED = "_xla_static_masks"
 
 
@@ -25,7 +27,9 @@ def _xla_aware(is_tracing: Callable[..., bool]) -> Callable[..., bool]:
     @functools.wraps(is_tracing)  # keeps transformers' own check as __wrapped__
     def traced(tensor: Any = None) -> bool:
         # Meta tensors (FLOPs are counted on the meta device) have no values to read either.
-        if isinstance(tensor, torch.Tensor) and tensor.device.type in ("xla", "meta"):
+        if isinstance(tensor, torch.Tensor) and (
+            tensor.device.type == "meta" or ops.traced_lazily(tensor)
+        ):
             return True
         return bool(is_tracing(tensor))
 

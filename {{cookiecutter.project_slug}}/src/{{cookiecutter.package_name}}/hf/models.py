@@ -156,7 +156,20 @@ def build_decoder(config: Any) -> nn.Module:
     """A freshly initialised decoder (weights from torch's generator: seed it first)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")  # type: ignore[no-any-return]
+    return _with_sdpa(lambda attention: AutoModelForCausalLM.from_config(
+        config, attn_implementation=attention
+    ))  # fmt: skip
+
+
+def _with_sdpa(build: Any) -> nn.Module:
+    """`build(attention)` with SDPA, or with the model's eager attention where transformers
+    refuses SDPA for it (Gemma2 from transformers 5.24: its logit soft-capping)."""
+    try:
+        return build("sdpa")  # type: ignore[no-any-return]
+    except ValueError as error:
+        if "scaled_dot_product_attention" not in str(error):
+            raise
+        return build("eager")  # type: ignore[no-any-return]
 
 
 def _config_types() -> set[str]:
@@ -198,9 +211,9 @@ def load_decoder(name: str) -> nn.Module:
     if not sys.stderr.isatty():
         logging.disable_progress_bar()
     try:
-        return AutoModelForCausalLM.from_pretrained(  # type: ignore[no-any-return]
-            name, local_files_only=True, attn_implementation="sdpa"
-        )
+        return _with_sdpa(lambda attention: AutoModelForCausalLM.from_pretrained(
+            name, local_files_only=True, attn_implementation=attention
+        ))  # fmt: skip
     except OSError:
         raise missing_from_cache(name, "weights") from None
 

@@ -128,20 +128,17 @@ class Launch:
 
 
 def launcher() -> str:
-    """POD_LAUNCHER: `gcloud` (default), or `xla_dist` when this torch_xla still has it."""
+    """POD_LAUNCHER: `gcloud` (default), or `xla_dist` where the backend still has it."""
     choice = os.environ.get("POD_LAUNCHER", "gcloud")
     if choice not in ("gcloud", "xla_dist"):
         fail(f"unknown POD_LAUNCHER {choice!r}: use gcloud (default) or xla_dist")
     if choice == "gcloud":
         return choice
-    from ..core.doctor import xla_dist_available, xla_version
+    from ..core.doctor import legacy_launcher_problem
 
-    if not xla_dist_available():
-        fail(
-            f"POD_LAUNCHER=xla_dist needs torch_xla.distributed.xla_dist, which torch_xla "
-            f"{xla_version() or '(not installed)'} does not have (it left with XRT after 2.0): "
-            "unset POD_LAUNCHER to launch through gcloud ssh"
-        )
+    problem = legacy_launcher_problem()
+    if problem is not None:
+        fail(problem)
     return choice
 
 

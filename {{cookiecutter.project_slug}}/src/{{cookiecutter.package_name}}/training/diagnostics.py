@@ -29,8 +29,12 @@ class Diagnostics:
         self.capture_ends: float | None = None
 
     def after_step(self, step: int, timer: tuple[int, float] | None) -> None:
-        """Start the capture once the post-warm-up step rate is known (host clock only)."""
-        if not self.profile_steps or self.capture_ends is not None or timer is None:
+        """Start the capture once the post-warm-up step rate is known (host clock only), and
+        let a capture under way stop when its time is up."""
+        if self.capture_ends is not None:
+            profiling.tick()
+            return
+        if not self.profile_steps or timer is None:
             return
         if step < timer[0] + PROBE_STEPS:
             return
@@ -48,6 +52,7 @@ class Diagnostics:
         """Wait for a capture, write the report if asked, and return what to summarise."""
         result: dict[str, Any] = {"diagnosis": health.diagnose(loop, steps, graphs, reads)}
         if self.capture_ends is not None:
+            profiling.tick(final=True)  # the run is over: so is what a capture can record
             deadline = min(self.capture_ends + 5.0, time.monotonic() + MAX_WAIT_SECONDS)
             while not profiling.traces(self.profile_dir) and time.monotonic() < deadline:
                 time.sleep(0.2)

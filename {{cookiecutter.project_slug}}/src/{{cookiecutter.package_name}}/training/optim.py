@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..core import ops
 from .errors import ConfigError
 
 
@@ -124,7 +125,7 @@ def build_optimizer(
     kind = OPTIMIZERS[config.optimizer]
     options: dict[str, Any] = {"lr": config.lr, "weight_decay": config.weight_decay}
     trainable = [param for param in model.parameters() if param.requires_grad]  # not a frozen base
-    if counts_on_device(config) and trainable and trainable[0].device.type == "xla":
+    if counts_on_device(config) and trainable and ops.traced_lazily(trainable[0]):
         options["capturable"] = True
     options.update(config.optimizer_options)
     try:

@@ -104,7 +104,7 @@ class TrainStep:
                 for key in sorted(state):
                     if torch.is_tensor(state[key]):
                         found.setdefault(id(state[key]), state[key])
-        return [tensor for tensor in found.values() if tensor.device.type == "xla"]
+        return [tensor for tensor in found.values() if ops.traced_lazily(tensor)]
 
 
 @contextlib.contextmanager

@@ -17,15 +17,15 @@ TIMED_AFTER = 3
 class RunWatch:
     """Counts what XLA does during the loop and fails fast when it goes wrong.
 
-    `guard_after=N` arms an `XlaGuard` once N steps (and, if the run evaluates, one
+    `guard_after=N` arms a `StepGuard` once N steps (and, if the run evaluates, one
     eval) have run: from then a new graph, a CPU fallback op or a device read outside
-    `host_read()` raises `XlaHealthError` at the next logging step.
+    `host_read()` raises `HealthError` at the next logging step.
     """
 
     def __init__(self, guard_after: int | None, evaluates: bool) -> None:
         self.guard_after = guard_after
         self.evaluates = evaluates
-        self.guard: health.XlaGuard | None = None
+        self.guard: health.StepGuard | None = None
         self.guard_armed_at: int | None = None
         self.guard_result: dict[str, int] | None = None
         self.clock: tuple[int, float] | None = None  # (step, time) the clock started at
@@ -82,17 +82,17 @@ class RunWatch:
             self.host_clock = time.thread_time()
         warm = self.guard_after is not None and step >= self.guard_after
         if self.guard is None and warm and (not self.evaluates or evaluations > 0):
-            self.guard = health.XlaGuard()
+            self.guard = health.StepGuard()
             self.guard.__enter__()
             self.guard_armed_at = step
 
     def check(self, step: int) -> None:
-        """Raise XlaHealthError now if the armed guard saw a problem (logging cadence)."""
+        """Raise HealthError now if the armed guard saw a problem (logging cadence)."""
         if self.guard is not None:
             try:
                 self.guard.check()
-            except health.XlaHealthError as error:
-                raise health.XlaHealthError(f"step {step}: {error}") from None
+            except health.HealthError as error:
+                raise health.HealthError(f"step {step}: {error}") from None
 
     def loop_ended(self) -> None:
         """Close the loop's window: its counters, and the guard's verdict."""

@@ -92,6 +92,10 @@ class Strategy:
         """True when `launch` starts processes of its own."""
         return False
 
+    def returns_result(self) -> bool:
+        """True when `launch` returns what `fn` returned (a spawning launch may not)."""
+        return not self.spawns()
+
     def start(self) -> None:
         """Set-up in the process that trains, before any device tensor."""
 

@@ -9,18 +9,17 @@ from .check_order import run_in_order
 from .host_checks import XRT_VARIABLES, Check, major_minor, package_version
 
 
-def xla_version() -> str | None:
-    """torch_xla is not this project's backend: none is used (the pod launcher asks)."""
-    return None
-
-
-def xla_dist_available() -> bool:
-    """False: xla_dist is torch_xla's launcher, not this backend's."""
-    return False
-
-
-def tpu_version() -> str | None:
+def backend_version() -> str | None:
+    """The installed torch-tpu's version, or None (off a TPU it is not needed)."""
     return package_version("torch_tpu") or package_version("torch-tpu")
+
+
+def legacy_launcher_problem() -> str | None:
+    """Why POD_LAUNCHER=xla_dist cannot launch here: it is torch_xla's launcher."""
+    return (
+        "POD_LAUNCHER=xla_dist is torch_xla's pod launcher, not TorchTPU's: "
+        "unset POD_LAUNCHER to launch through gcloud ssh"
+    )
 
 
 # The torch releases torch-tpu 0.2 is built for.
@@ -96,7 +95,7 @@ def run_checks(
     from .runtime import tpu_present
 
     return run_in_order(
-        check_versions(package_version("torch"), tpu_version(), tpu_present()),
+        check_versions(package_version("torch"), backend_version(), tpu_present()),
         lambda: check_runtime_variables(environ),
         lambda: check_compile_cache(environ, compile_cache, last_run),
         check_accelerator,

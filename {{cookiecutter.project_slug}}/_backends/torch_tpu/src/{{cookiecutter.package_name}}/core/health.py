@@ -5,8 +5,7 @@ compilations and every recompilation after them), the graph breaks that split th
 why, and the device reads this project makes on purpose (logging, eval totals, checkpoint
 checks). A device read inside the compiled step is a graph break dynamo names (`.item()`,
 a branch on a tensor): it is reported with the graph breaks, and a graph compiled after
-warm-up fails the guard as it does under torch_xla. The names of the torch_xla backend
-(`XlaGuard`, `XlaHealthError`) are kept: the rest of the project speaks to one interface.
+warm-up fails the guard (`StepGuard`, raising `HealthError`) as it does under torch_xla.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import guard
-from .guard import HealthSnapshot, StepGuard
-from .guard import XlaHealthError as XlaHealthError
+from .guard import GuardBase, HealthSnapshot
+from .guard import HealthError as HealthError
 
 _transfers = 0
 # Graph-break reasons that are reads of a device value on the host.
@@ -94,7 +93,7 @@ def metrics_report() -> str:
     return "\n".join(lines)
 
 
-class XlaGuard(StepGuard):
+class StepGuard(GuardBase):
     """The step guard over dynamo's counters: a graph compiled after warm-up is reported
     with the graph breaks that came with it."""
 
@@ -124,4 +123,4 @@ class XlaGuard(StepGuard):
 
 
 # Plain-language findings about a run's counters (empty when healthy).
-diagnose = XlaGuard.diagnose
+diagnose = StepGuard.diagnose

@@ -20,6 +20,11 @@ from .portable_ops import seed_host as seed_host
 from .portable_ops import to_cpu as to_cpu
 
 
+def traced_lazily(tensor: torch.Tensor) -> bool:
+    """False: every tensor is eager here (a graph is what torch.compile captures)."""
+    return False
+
+
 def sync() -> None:
     """Nothing to cut: every operation is already queued on the device."""
 

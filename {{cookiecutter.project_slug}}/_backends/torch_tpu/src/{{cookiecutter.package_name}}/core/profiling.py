@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import threading
+import time
 from pathlib import Path
 from typing import Any
 
-_active: list[Any] = []
+# The capture recording, and when its time is up (monotonic clock).
+_active: list[tuple[Any, float]] = []
 
 
 def start_server(port: int) -> None:
@@ -14,7 +15,7 @@ def start_server(port: int) -> None:
 
 
 def capture(logdir: Path, duration_ms: int, port: int) -> None:
-    """Record the next `duration_ms` into `logdir/plugins/profile/`, then write the trace.
+    """Record the next `duration_ms` into `logdir/plugins/profile/`; `tick` writes the trace.
 
     On a TPU the trace holds TorchTPU's device activity where its profiler reports it; on
     the CPU stand-in, host activity only.
@@ -25,16 +26,19 @@ def capture(logdir: Path, duration_ms: int, port: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     profiler = tp.profile(on_trace_ready=tp.tensorboard_trace_handler(str(folder)))
     profiler.start()
-    _active.append(profiler)
-    timer = threading.Timer(max(1, duration_ms) / 1000, _stop, args=(profiler,))
-    timer.daemon = True
-    timer.start()
+    _active.append((profiler, time.monotonic() + max(1, duration_ms) / 1000))
 
 
-def _stop(profiler: Any) -> None:
-    if profiler in _active:
-        _active.remove(profiler)
-        profiler.stop()
+def tick(final: bool = False) -> None:
+    """Stop the capture once its time is up (or the run ends: `final`) and write its trace.
+
+    Called from the training loop: torch.profiler keeps its session per thread, so it stops
+    in the thread that started it (from another one it finds no session, and can crash).
+    """
+    for profiler, ends in list(_active):
+        if final or time.monotonic() >= ends:
+            _active.remove((profiler, ends))
+            profiler.stop()
 
 
 def traces(logdir: Path) -> list[Path]:

@@ -37,6 +37,10 @@ class Strategy(interface.Strategy):
             return spawn(self, fn, args, start_method)
         return super().launch(fn, args, start_method)
 
+    def returns_result(self) -> bool:
+        """True: the launcher returns the first process's result, spawned or not."""
+        return True
+
     def start(self) -> None:
         """Set-up in the process that trains, before any device tensor: its process group."""
         runtime.init_process_group()

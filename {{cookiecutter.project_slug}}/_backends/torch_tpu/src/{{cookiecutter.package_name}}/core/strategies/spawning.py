@@ -92,16 +92,32 @@ def _sigterm_forwarded() -> Iterator[None]:
 
 
 def _forward(signum: int, _frame: object) -> None:
-    """Send the signal on to every process this one started (Linux /proc), and say so."""
-    sent = 0
+    """Send the signal on to every process this one started to train, and say so."""
+    workers = _workers()
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+    print(f"SIGTERM: sent on to {len(workers)} processes; they save and stop at the step they "
+          "agree on", file=sys.stderr, flush=True)  # fmt: skip
+
+
+# multiprocessing's own helpers among the children: they train nothing (and ignore SIGTERM).
+HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
+
+
+def _workers() -> list[int]:
+    """The processes this one started (Linux /proc), but multiprocessing's helpers."""
+    found = []
     for listed in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
         with contextlib.suppress(OSError):
             for child in listed.read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(child), signum)
-                    sent += 1
-    print(f"SIGTERM: sent on to {sent} processes; they save and stop at the step they agree on",
-          file=sys.stderr, flush=True)  # fmt: skip
+                try:
+                    command = Path(f"/proc/{child}/cmdline").read_bytes()
+                except OSError:  # gone already
+                    continue
+                if not any(helper in command for helper in HELPERS):
+                    found.append(int(child))
+    return found
 
 
 class _Failed:
