@@ -19,6 +19,7 @@ _NOTES = (
     "TypedStorage is deprecated",
     "The function definition for SavePlanner",
     "torch.distributed is disabled, unavailable or uninitialized",  # one process reads
+    "Using a non-tuple sequence for multidimensional indexing",  # torch_xla's shard copy
 )
 for _note in _NOTES:
     warnings.filterwarnings("ignore", message=_note, category=UserWarning)

@@ -23,6 +23,7 @@ import torch
 from .. import hf
 from ..core import runtime
 from ..tasks import Task
+from ..weights.meta import parameters_on_meta
 
 
 def count_flops(task: Task, sample: dict[str, torch.Tensor]) -> int | None:
@@ -30,7 +31,7 @@ def count_flops(task: Task, sample: dict[str, torch.Tensor]) -> int | None:
     from torch.utils.flop_counter import FlopCounterMode
 
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), parameters_on_meta():  # from a config, never weights
             model = hf.prepare(task.build_model())  # the forward a run runs
         batch = {key: torch.empty_like(value, device="meta") for key, value in sample.items()}
         with FlopCounterMode(display=False) as counter:
