@@ -33,11 +33,12 @@ def run_local(job: Job, shards: list[Shard], workers: int, done: Done) -> None:
         return
     for shard in shards:
         try:
-            done(run_shard(job, shard))
+            record = run_shard(job, shard)
         except DataError:
             raise
         except Exception as error:  # as a worker would report it: name the shard
             raise ShardFailed(f"{shard.describe()} failed: {first_line(error)}") from None
+        done(record)
 
 
 def run_ray(job: Job, shards: list[Shard], workers: int, address: str, done: Done) -> None:

@@ -96,7 +96,8 @@ def run_workers(job: Job, shards: list[Shard], workers: int,
     crew: list[Worker] = []
     try:
         with _quiet_start():
-            crew += [Worker(job) for _ in range(min(workers, len(shards)))]
+            for _ in range(min(workers, len(shards))):
+                crew.append(Worker(job))
         for worker in crew:
             worker.give(waiting.pop(0))
         while busy := [w for w in crew if w.shard is not None]:
