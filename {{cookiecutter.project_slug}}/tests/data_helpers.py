@@ -145,7 +145,7 @@ def prepare_apart(
     from {{ cookiecutter.package_name }}.data.manifest import DataError, Manifest
 
     request = json.dumps({"inputs": [str(p) for p in inputs], "out": str(out), **settings})
-    result = run_apart(["-c", "import data_helpers; data_helpers.prepare_here()", request], env)
+    result = run_apart(["-c", PREPARE_HERE, request], env)
     *lines, last = result.stdout.splitlines() or [""]
     if result.returncode != 0 or not last.startswith("{"):
         output = (result.stdout + result.stderr)[-3000:]
@@ -158,20 +158,23 @@ def prepare_apart(
     return Manifest.from_dict(answer["manifest"]), bool(answer["reused"])
 
 
-def prepare_here() -> None:
-    """The other end of `prepare_apart`: the request in argv, the answer as the last line."""
-    from {{ cookiecutter.package_name }}.data.encoding import Tokenizer
-    from {{ cookiecutter.package_name }}.data.manifest import DataError
-    from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
+# The other end of `prepare_apart` (the package alone imported): the request in argv, the
+# answer as the last line.
+PREPARE_HERE = """
+import json, sys
+from {{ cookiecutter.package_name }}.data.encoding import Tokenizer
+from {{ cookiecutter.package_name }}.data.manifest import DataError
+from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
 
-    request = json.loads(sys.argv[1])
-    inputs, out = request.pop("inputs"), request.pop("out")
-    try:
-        made, reused = prepare(inputs, out, Tokenizer(), 256, Settings(**request), print)
-    except DataError as error:
-        print(json.dumps({"error": str(error)}))
-        return
+request = json.loads(sys.argv[1])
+inputs, out = request.pop("inputs"), request.pop("out")
+try:
+    made, reused = prepare(inputs, out, Tokenizer(), 256, Settings(**request), print)
+except DataError as error:
+    print(json.dumps({"error": str(error)}))
+else:
     print(json.dumps({"manifest": json.loads(made.to_json()), "reused": reused}))
+"""
 
 
 @contextmanager

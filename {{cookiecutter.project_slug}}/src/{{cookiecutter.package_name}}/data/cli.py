@@ -59,12 +59,16 @@ def prepare_command(
 ) -> None:
     """Tokenize, pack and split a corpus once, for `train --data OUT` (any size, local or gs://)."""
     from ..cli_common import fail, resolve_config
-    from ..tasks import load_task
     from .engines import ShardFailed
     from .prepare import Settings, prepare
+    from .raycluster import check_cluster
 
     cfg = resolve_config(config, sets, {})
     try:
+        if engine == "ray" and ray_address:  # refused before the task (and torch) loads
+            check_cluster(ray_address)
+        from ..tasks import load_task
+
         task = load_task(cfg.task, "", cfg.task_options)  # its tokenizer, not its data
         tokenizer, vocab = task_tokenizer(task)
         seq_len = int(getattr(task, "seq_len", 0) or cfg.task_options.get("seq_len", 0))
