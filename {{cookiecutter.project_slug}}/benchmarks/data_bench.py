@@ -1,7 +1,7 @@
 """`prepare` throughput: tokens/s per core against the tokenizer's own batch throughput.
 
     python benchmarks/data_bench.py [--megabytes 50] [--vocab 16000] [--workers 2] [--ray]
-                                    [--out runs/data-bench]
+                                    [--gcs] [--out runs/data-bench]
 
 Writes a corpus of JSON lines (the Python standard library's sources, a document per
 top-level block, repeated to size), trains a byte-level BPE of `--vocab` ids on its first
@@ -11,16 +11,23 @@ tokenizer alone, one process, batches of 1,000 documents; `prepare --engine loca
 as many CPUs. Per core: tokens per CPU-second (user + system, the driver's and its worker
 processes'), which a busy machine does not bend as it bends tokens/s of the wall clock;
 for Ray (whose workers are not this process's children) the wall clock over the workers.
+With `--gcs`, also `prepare` from gs:// to gs:// (the tests' local GCS server,
+tests/gcs_emulator.py) with the default shard plan: the peak of local scratch (TMPDIR,
+sampled every 10 ms) and a digest of the window files, indexes and shard records written, to
+compare two versions' bytes.
 Not a test: timings move with whatever else the machine runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 import sysconfig
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -84,7 +91,8 @@ def tokenizer_alone(tokenizer: Any, corpus: Path) -> tuple[float, float]:
     return tokens / (time.perf_counter() - started), tokens / (cpu_seconds() - cpu)
 
 
-def prepared(corpus: Path, out: Path, tokenizer: Any, workers: int, **engine: Any) -> Any:
+def prepared(corpus: Path | str, out: Path | str, tokenizer: Any, workers: int,
+             **engine: Any) -> Any:  # fmt: skip
     from {{ cookiecutter.package_name }}.data.encoding import Tokenizer
     from {{ cookiecutter.package_name }}.data.prepare import Settings, prepare
 
@@ -94,12 +102,66 @@ def prepared(corpus: Path, out: Path, tokenizer: Any, workers: int, **engine: An
     return manifest
 
 
+def folder_bytes(folder: Path) -> int:
+    total = 0
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.path.getsize(os.path.join(parent, name))
+            except OSError:  # gone meanwhile
+                continue
+    return total
+
+
+def gcs_to_gcs(corpus: Path, out: Path, tokenizer: Any, workers: int) -> dict[str, Any]:
+    """`prepare` from gs:// to gs:// on a local GCS server, default shard plan: the peak of
+    local scratch and a digest of the objects written."""
+    sys.path.insert(0, str(SRC.parent / "tests"))
+    from gcs_emulator import GcsEmulator, _start, _stop  # sets what gcsfs needs first
+
+    out.mkdir(parents=True, exist_ok=True)
+    process, endpoint = _start(out / "emulator.log")
+    os.environ.update({"STORAGE_EMULATOR_HOST": endpoint, "FSSPEC_GS_TOKEN": "anon"})
+    scratch = out / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(scratch)
+    tempfile.tempdir = None  # read TMPDIR again, here and in the workers
+    try:
+        import fsspec
+
+        fsspec.config.conf["gs"] = {"token": "anon"}  # fsspec read FSSPEC_* when imported
+        bucket = GcsEmulator(endpoint).create_bucket("data-bench")
+        gcs = fsspec.filesystem("gs", token="anon")
+        gcs.put(str(corpus), f"{bucket[5:]}/raw/corpus.jsonl")
+        peak, done = [0], threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.01):
+                peak[0] = max(peak[0], folder_bytes(scratch))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            made = prepared(f"{bucket}/raw/corpus.jsonl", f"{bucket}/prepared", tokenizer, workers)
+        finally:
+            done.set()
+            sampler.join()
+        digest = hashlib.sha256()  # what does not name the inputs' dates (the fingerprint)
+        for name in sorted(gcs.find(f"{bucket[5:]}/prepared")):
+            if name.endswith((".arrow", "/index.json", ".done")):
+                digest.update(name.encode() + b"\0" + gcs.cat_file(name))
+        return {"peak": peak[0], "digest": digest.hexdigest()[:16], "manifest": made}
+    finally:
+        _stop(process)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=50)
     parser.add_argument("--vocab", type=int, default=16_000)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--ray", action="store_true", help="Also on a local Ray cluster.")
+    parser.add_argument("--gcs", action="store_true", help="Also gs:// to gs:// (local server).")
     parser.add_argument("--out", type=Path, default=Path("runs/data-bench"))
     args = parser.parse_args()
     import shutil
@@ -136,6 +198,12 @@ def main() -> None:
     ]
     for name, (rate, per_core) in rows.items():
         lines.append(f"| {name} | {rate:,.0f} | {per_core:,.0f} | {per_core / alone:.2f}x |")
+    if args.gcs:
+        remote = gcs_to_gcs(corpus, args.out / "gcs", tokenizer, args.workers)
+        lines.append(
+            f"gs:// to gs:// ({args.workers} workers, {remote['manifest'].shards} shards): peak "
+            f"local scratch {remote['peak'] / 2**20:.1f} MiB; objects' digest {remote['digest']}"
+        )
     print("\n".join(lines))
     (args.out / "data-bench.md").write_text("\n".join(lines) + "\n")
 

@@ -15,9 +15,11 @@ a second later. Run as a script, this module gives it a backlog of real size.
 The emulator lacks `objects.move`, which gcsfs >= 2026.3 uses for every rename (and
 torch.distributed.checkpoint renames its `.metadata` at the end of each save): the 501 answer is
 retried for about 30 s before gcsfs copies and deletes instead. Run as a script, this module
-also adds that one call, done the same way: copy, then delete.
+also adds that one call, done the same way: copy, then delete; and the cancelling of a
+resumable upload (a DELETE of its session), which an abandoned upload sends.
 """
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -34,6 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import unquote
 
@@ -159,7 +162,7 @@ class ObjectGate:
     folder: Path
 
     def hold(self, pattern: str) -> None:
-        for name in ("held", "gone"):
+        for name in ("held", "gone", "client"):
             (self.folder / name).unlink(missing_ok=True)
         (self.folder / "hold").write_text(pattern)
 
@@ -175,6 +178,18 @@ class ObjectGate:
                 pytest.fail(f"no object matched the gate in {GATE_TIMEOUT:.0f} s", pytrace=False)
             time.sleep(0.02)
         return (self.folder / "held").read_text()
+
+    def client(self, pids: list[int]) -> int:
+        """Which of `pids` made the held transfer: the one holding its connection's socket
+        (Linux /proc)."""
+        port, server = (self.folder / "client").read_text().split()
+        inodes = _connection_inodes(int(port), int(server))
+        for pid in pids:
+            for descriptor in Path(f"/proc/{pid}/fd").glob("*"):
+                with contextlib.suppress(OSError):  # closed meanwhile
+                    if os.readlink(descriptor) in inodes:
+                        return pid
+        pytest.fail(f"none of {pids} holds the held transfer's connection", pytrace=False)
 
     def abandoned(self) -> None:
         """Wait until the client of the held transfer has closed its connection, as the
@@ -250,6 +265,28 @@ def _move(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) 
         storage.delete_file(params["bucket_name"], params["object_id"])
 
 
+def _connection_inodes(port: int, server: int) -> set[str]:
+    """The sockets (as /proc/PID/fd links name them) of TCP connections from local `port` to
+    `server`."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, remote = (int(end.rsplit(":", 1)[1], 16) for end in fields[1:3])
+                if (local, remote) == (port, server):
+                    found.add(f"socket:[{fields[9]}]")
+    return found
+
+
+def _cancel_upload(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> None:
+    """A resumable upload's session deleted (a client abandoning it): dropped, with the 499
+    GCS answers (the emulator lacks the call: its 501 is retried for a minute)."""
+    with contextlib.suppress(Exception):  # unknown or already gone: nothing to drop
+        storage.delete_resumable_file_obj(request.query["upload_id"][0])
+    response.status = SimpleNamespace(value=499, phrase="Client Closed Request")
+
+
 def _upload_name(request: Any) -> str:
     """The object an upload names: in its query, or in its metadata (multipart, resumable)."""
     if "name" in request.query:
@@ -286,6 +323,9 @@ def _gated(plain: Any, folder: Path, name_of: Callable[[Any], str]) -> Any:
         pattern = hold.read_text() if hold.exists() else ""
         name = name_of(request)
         if pattern and pattern in name:
+            handler_of = request._request_handler
+            client, server = handler_of.client_address[1], handler_of.server.server_address[1]
+            (folder / "client").write_text(f"{client} {server}")
             (folder / "held").write_text(name)
             deadline = time.monotonic() + GATE_TIMEOUT
             while hold.exists() and time.monotonic() < deadline:
@@ -312,7 +352,13 @@ def serve(argv: list[str]) -> None:
     http.server.HTTPServer.request_queue_size = BACKLOG
     move = r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)/moveTo/o/"
     move += r"(?P<dest_object_id>.*[^/]+)$"
-    handlers = ((move, {server.POST: _move}), *server.HANDLERS)
+    handlers = tuple(
+        (regex, {**methods, server.DELETE: _cancel_upload})
+        if methods.get(server.PUT) is objects.upload_partial
+        else (regex, methods)
+        for regex, methods in server.HANDLERS
+    )
+    handlers = ((move, {server.POST: _move}), *handlers)
     gate = os.environ.get(GATE_VARIABLE)
     if gate:
         swaps = {}

@@ -20,14 +20,14 @@ def task_tokenizer(task: Any) -> tuple[Tokenizer, int]:
     return tokenizer, int(getattr(task, "vocab_size", None) or tokenizer.size or BYTE_VOCAB)
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, option: str = "--shard-size") -> int:
     """Bytes from `4096`, `64K`, `64M` or `1G`."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     number, unit = (text[:-1], text[-1].upper()) if text[-1:].upper() in units else (text, "")
     try:
         return int(float(number) * units.get(unit, 1))
     except ValueError:
-        raise DataError(f"--shard-size {text!r} is not a size: write 64M, 1G or bytes") from None
+        raise DataError(f"{option} {text!r} is not a size: write 64M, 1G or bytes") from None
 
 
 def prepare_command(
@@ -50,25 +50,32 @@ def prepare_command(
     shard_size: Annotated[
         str, typer.Option(help="Input bytes per shard (64M, 1G; 0: about 256 shards).")
     ] = "0",
+    upload_buffer: Annotated[
+        str, typer.Option(help="Into gs://: memory per window file a worker writes (>= 256K).")
+    ] = "16M",
     sets: Annotated[
         list[str] | None, typer.Option("--set", "-s", help="Override a config key: key=value.")
     ] = None,
 ) -> None:
     """Tokenize, pack and split a corpus once, for `train --data OUT` (any size, local or gs://)."""
     from ..cli_common import fail, resolve_config
-    from ..tasks import load_task
     from .engines import ShardFailed
     from .prepare import Settings, prepare
+    from .raycluster import check_cluster
 
     cfg = resolve_config(config, sets, {})
     try:
+        if engine == "ray" and ray_address:  # refused before the task (and torch) loads
+            check_cluster(ray_address)
+        from ..tasks import load_task
+
         task = load_task(cfg.task, "", cfg.task_options)  # its tokenizer, not its data
         tokenizer, vocab = task_tokenizer(task)
         seq_len = int(getattr(task, "seq_len", 0) or cfg.task_options.get("seq_len", 0))
-        shard_bytes = parse_size(shard_size)
         settings = Settings(
-            seq_len, field, eval_fraction, num_proc, shard_bytes, engine, ray_address
-        )
+            seq_len, field, eval_fraction, num_proc, parse_size(shard_size), engine, ray_address,
+            parse_size(upload_buffer, "--upload-buffer"),
+        )  # fmt: skip
         manifest, reused = prepare(inputs, out, tokenizer, vocab, settings, typer.echo)
     except KeyboardInterrupt as stop:
         fail(str(stop) or "interrupted: nothing was written", 130)

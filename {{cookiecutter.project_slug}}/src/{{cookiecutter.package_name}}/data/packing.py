@@ -21,7 +21,7 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -32,13 +32,16 @@ IDS, LABELS, POSITIONS = "input_ids", "labels", "positions"
 TOKEN_COLUMNS = (IDS, LABELS, POSITIONS)  # in file order; a new per-token column is added here
 STARTS = "starts"  # 1 at each document's first token: written as POSITIONS, window by window
 FLUSH_IDS = 1 << 22  # ids gathered before windows are cut and written: few, large batches
+WRITE_BYTES = 1 << 20  # a batch goes to its sink in writes of this size (an upload buffers them)
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC: a message of no metadata
 
 
 @dataclass
 class SplitWriter:
-    """Windows of one split, written to an Arrow stream file as they fill."""
+    """Windows of one split, written to an Arrow stream as they fill; where each batch's
+    columns lie in it (`layout`) is kept as they are written, so no one reads it back."""
 
-    path: Path
+    sink: BinaryIO
     window: int
     vocab: int
     pending: dict[str, list[np.ndarray]] = field(default_factory=dict)
@@ -46,7 +49,9 @@ class SplitWriter:
     sequences: int = 0
     loss_tokens: int = 0
     counts: np.ndarray | None = None
-    writer: Any = None
+    schema: Any = None
+    written: int = 0  # bytes of the stream so far
+    layout: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, columns: dict[str, np.ndarray]) -> None:
         """Append one run of tokens: `columns[IDS]` and any other per-token column."""
@@ -75,9 +80,11 @@ class SplitWriter:
         self._write(cut)
 
     def _write(self, columns: dict[str, np.ndarray]) -> None:
+        """One record batch, after the stream's schema if it is the first: the messages an
+        Arrow stream writer writes, serialized here so that their layout is known."""
         import pyarrow as pa
 
-        table = pa.table(
+        batch = pa.record_batch(
             {
                 name: pa.FixedSizeListArray.from_arrays(
                     pa.array(columns[name], pa.int32()), self.window
@@ -86,30 +93,38 @@ class SplitWriter:
                 if name in columns
             }
         )
-        if self.writer is None:
-            self.writer = pa.ipc.new_stream(str(self.path), table.schema)
-        if table.num_rows:
-            self.writer.write_table(table)
+        if self.schema is None:
+            self.schema = batch.schema
+            self._emit(self.schema.serialize())
+        if batch.num_rows:
+            message = batch.serialize()
+            self.layout.append(message_layout(message, self.schema, self.written))
+            self._emit(message)
+
+    def _emit(self, data: Any) -> None:
+        view = memoryview(data)
+        for at in range(0, len(view), WRITE_BYTES):
+            self.sink.write(view[at : at + WRITE_BYTES])
+        self.written += len(view)
 
     def close(self, masked: bool) -> int:
-        """Close the file (a file without windows holds the schema alone); return the ids
-        dropped (the last unfinished window)."""
+        """End the stream (one without windows holds the schema alone); return the ids
+        dropped (the last unfinished window). The sink stays open: its owner publishes it."""
         if self.waiting >= self.window:
             self._flush()
-        if self.writer is None:
+        if self.schema is None:
             empty = np.zeros(0, np.int32)
             self._write({IDS: empty, **({LABELS: empty} if masked else {}), POSITIONS: empty})
-        self.writer.close()
+        self._emit(END_OF_STREAM)
         return self.waiting
 
 
 class Packer:
-    """One shard's windows: `train` and `eval` files in a folder, and what was packed."""
+    """One shard's windows: a `train` and an `eval` stream, and what was packed."""
 
-    def __init__(self, folder: Path, seq_len: int, vocab: int) -> None:
+    def __init__(self, sinks: dict[str, BinaryIO], seq_len: int, vocab: int) -> None:
         self.splits = {
-            name: SplitWriter(folder / f"{name}.arrow", seq_len + 1, vocab)
-            for name in ("train", "eval")
+            name: SplitWriter(sinks[name], seq_len + 1, vocab) for name in ("train", "eval")
         }
         self.vocab = vocab
         self.documents = self.tokens = 0
@@ -190,8 +205,8 @@ def entropy(counts: np.ndarray) -> float:
 
 
 def file_layout(path: Path) -> list[dict[str, Any]]:
-    """Where an Arrow stream file's windows lie, from its batch headers: per record batch,
-    its rows, the window width and the byte offset of each column's first value."""
+    """Where an Arrow stream file's windows lie, read from its batch headers: per record
+    batch, its rows, the window width and the byte offset of each column's first value."""
     import mmap
 
     import pyarrow as pa
@@ -201,16 +216,27 @@ def file_layout(path: Path) -> list[dict[str, Any]]:
             return []
         mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     base = pa.py_buffer(mapped)
-    chunks = []
-    for batch in pa.ipc.open_stream(base).read_all().to_batches():
-        if batch.num_rows == 0:
-            continue
-        offsets = {}
-        for name in batch.schema.names:
-            values = batch.column(name).flatten()
-            if values.type != "int32" or batch.column(name).null_count or values.null_count:
-                raise DataError("a prepared window column must hold int32 values without nulls")
-            offsets[name] = int(values.buffers()[1].address + values.offset * 4 - base.address)
-        width = batch.column(IDS).type.list_size
-        chunks.append({"rows": batch.num_rows, "width": width, "at": offsets})
-    return chunks
+    batches = pa.ipc.open_stream(base).read_all().to_batches()
+    return [_chunk(batch, base.address) for batch in batches if batch.num_rows]
+
+
+def message_layout(message: Any, schema: Any, at: int) -> dict[str, Any]:
+    """The layout of one serialized record batch (an IPC message) written at byte `at` of
+    its stream, from the message itself: its body ends it."""
+    import pyarrow as pa
+
+    parsed = pa.ipc.read_message(message)
+    body_at = at + message.size - parsed.body.size
+    return _chunk(pa.ipc.read_record_batch(parsed, schema), parsed.body.address - body_at)
+
+
+def _chunk(batch: Any, base: int) -> dict[str, Any]:
+    """A batch's rows, window width and each column's first value, as an offset from the
+    memory address `base` (where its stream's first byte is, or would be)."""
+    offsets = {}
+    for name in batch.schema.names:
+        values = batch.column(name).flatten()
+        if values.type != "int32" or batch.column(name).null_count or values.null_count:
+            raise DataError("a prepared window column must hold int32 values without nulls")
+        offsets[name] = int(values.buffers()[1].address + values.offset * 4 - base)
+    return {"rows": batch.num_rows, "width": batch.column(IDS).type.list_size, "at": offsets}

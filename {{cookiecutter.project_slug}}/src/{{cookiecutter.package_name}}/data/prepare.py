@@ -24,7 +24,7 @@ from typing import Any
 
 from . import sources
 from .encoding import TEXT, Tokenizer, mode_of
-from .engines import ShardFailed, check_reachable, import_ray, run_local, run_ray
+from .engines import ShardFailed, run_local, run_ray
 from .finish import summed, write_indexes
 from .manifest import (
     MANIFEST,
@@ -38,10 +38,12 @@ from .manifest import (
 )
 from .plan import Shard, plan, plan_rows, to_json
 from .progress import Progress
+from .raycluster import check_cluster
 from .records import check_parquet_fields, detect_mode
-from .shards import Job, finished, is_local, remove_temporary
+from .shards import UPLOAD_BUFFER, Job, finished, is_local, remove_temporary
 
 ENGINES = ("local", "ray")
+MIN_UPLOAD_BUFFER = 256 << 10
 
 
 class Interrupted(KeyboardInterrupt):
@@ -59,6 +61,7 @@ class Settings:
     shard_size: int = 0  # input bytes per shard; 0: about 256 shards of 8 MiB to 512 MiB
     engine: str = "local"
     ray_address: str = ""
+    upload_buffer: int = UPLOAD_BUFFER  # per remote window file a worker writes: see shards
 
     def check(self) -> None:
         if self.seq_len < 1:
@@ -69,6 +72,11 @@ class Settings:
             raise DataError(f"unknown engine {self.engine!r}: choose local or ray")
         if self.num_proc < 0 or self.shard_size < 0:
             raise DataError("--num-proc and --shard-size must not be negative")
+        if self.upload_buffer < MIN_UPLOAD_BUFFER:
+            raise DataError(
+                f"--upload-buffer must be at least 256K (GCS takes uploads in parts of 256 KiB), "
+                f"got {self.upload_buffer} bytes"
+            )
         if self.engine == "ray" and not self.ray_address:
             raise DataError(
                 "--engine ray needs a cluster: set RAY_ADDRESS or --ray-address to its head "
@@ -114,9 +122,8 @@ def prepare(
     if hub and settings.engine == "ray":
         raise DataError("an hf: dataset is read on this machine: prepare it with --engine local")
     if settings.engine == "ray":
-        import_ray()
-        check_reachable(settings.ray_address)
-    with tempfile.TemporaryDirectory(prefix="prepare-hub-") as scratch:
+        check_cluster(settings.ray_address)  # before anything is written
+    with _hub_scratch(bool(hub)) as scratch:
         raw = _load_hub(hub[0], scratch) if hub else None
         files = [] if hub else sources.resolve(inputs)
         if raw is not None:
@@ -143,7 +150,7 @@ def prepare(
             # Absolute: a Ray worker runs in a folder of its own.
             where_to = os.path.abspath(out.removeprefix("file://")) if is_local(out) else out
             job = Job(where_to, tokenizer, mode, settings.field, settings.seq_len, vocab_size,
-                      settings.eval_fraction, raw)  # fmt: skip
+                      settings.eval_fraction, raw, settings.upload_buffer)  # fmt: skip
             more = f" and {len(files) - 1} more" if len(files) > 1 else ""
             where = hub[0] if hub else files[0].url + more
             _run(job, shards, settings, echo, where, resumed)
@@ -157,6 +164,16 @@ def prepare(
     fs, path = filesystem(out)
     fs.pipe(join(path, MANIFEST), manifest.to_json().encode())  # last: the dataset is whole
     return manifest, False
+
+
+@contextmanager
+def _hub_scratch(needed: bool) -> Iterator[str]:
+    """A folder for a hub dataset's download, when there is one (nothing else is staged)."""
+    if not needed:
+        yield ""
+        return
+    with tempfile.TemporaryDirectory(prefix="prepare-hub-") as scratch:
+        yield scratch
 
 
 def _load_hub(name: str, scratch: str) -> Any:
