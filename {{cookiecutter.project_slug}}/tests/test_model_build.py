@@ -18,8 +18,7 @@ from {{ cookiecutter.package_name }}.training import build_config
 from {{ cookiecutter.package_name }}.training.model import WHOLE, build, build_model
 
 from training_helpers import QUIET, TINY
-
-{%- if cookiecutter.backend == "torch_tpu" %}
+{% if cookiecutter.backend == "torch_tpu" %}
 LAYOUTS = {"one device": ("1", "single", ""), "fsdp x4": ("4", "fsdp", ""),
            "fsdp x tensor 2x2": ("4", "fsdp", "fsdp=2,tensor=2")}  # fmt: skip
 {%- else %}

@@ -92,7 +92,8 @@ def hand_written(cfg: TrainConfig) -> dict[str, float]:
     model = move_to_device(task.build_model(), device)  # tied weights kept tied
     world = dist.get_world_size()
     tensor = 2 if cfg.mesh else 1
-    mesh = init_device_mesh(device.type, (world // tensor, tensor), mesh_dim_names=("fsdp", "tensor"))
+    names = ("fsdp", "tensor")
+    mesh = init_device_mesh(device.type, (world // tensor, tensor), mesh_dim_names=names)
     blocks = block_class(task, model)
     block_modules = [m for m in model.modules() if blocks and isinstance(m, blocks)]
     if tensor > 1:

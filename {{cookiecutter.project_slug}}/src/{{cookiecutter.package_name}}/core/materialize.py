@@ -84,3 +84,11 @@ def buffers_to(model: nn.Module, device: torch.device | str) -> None:
         for key, buffer in module._buffers.items():
             if buffer is not None and buffer.device != torch.device(device):
                 module._buffers[key] = buffer.to(device)
+
+
+class Unfilled:
+    """Memory without values, for a model a checkpoint is read into next (resuming,
+    evaluating): nothing computed or read twice."""
+
+    def read(self, name: str, index: Index, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty([part.stop - part.start for part in index], dtype=dtype)

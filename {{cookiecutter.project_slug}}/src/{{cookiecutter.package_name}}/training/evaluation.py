@@ -120,7 +120,7 @@ def eval_batch_size(config: TrainConfig, samples: int, shards: int) -> int:
 def evaluate_checkpoint(config: TrainConfig, plan: Plan, path: str) -> dict[str, float]:
     """A checkpoint's eval metrics under any plan: no optimizer, no training data."""
     from .checkpoint import load_weights
-    from .model import build, sharding_rules, unscanned
+    from .model import build, read_over, sharding_rules, unscanned
 
     precision = Precision.from_name(config.precision)
     task = load_task(config.task, config.data, config.task_options)
@@ -128,7 +128,7 @@ def evaluate_checkpoint(config: TrainConfig, plan: Plan, path: str) -> dict[str,
     model = built.model
     rules = sharding_rules(task, model, config, plan.strategy)
     model, _ = plan.strategy.setup_model(
-        model, block_class(task, model), rules=rules, source=built.source
+        model, block_class(task, model), rules=rules, source=read_over(built)
     )
     load_weights(path, plan.strategy, model)  # resharded to this strategy's layout
     return Evaluator(task, plan.strategy, precision, config)(model)

@@ -17,7 +17,7 @@ from .config import ConfigError, TrainConfig
 from .data import training_data
 from .diagnostics import Diagnostics
 from .evaluation import Evaluator
-from .model import build, describe_parameters, parameter_counts, sharding_rules
+from .model import build, describe_parameters, parameter_counts, read_over, sharding_rules
 from .optim import build_optimizer, build_scheduler
 from .reporting import Reporter
 from .state import Progress
@@ -59,8 +59,11 @@ def fit(
     blocks = block_class(task, model)
     checkpointed = cfg.activation_checkpointing and not cfg.scan_layers
     rules = sharding_rules(task, model, cfg, strategy)
+    directory = default_directory(cfg.run_dir, cfg.checkpoint_dir)
+    resume_from = resume_location(cfg.resume, directory)
+    source = built.source if resume_from is None else read_over(built)
     # Laid out, then given its values where it is placed (only this host's shards).
-    model, ties = strategy.setup_model(model, blocks, checkpointed, rules, built.source)
+    model, ties = strategy.setup_model(model, blocks, checkpointed, rules, source)
     optimizer = build_optimizer(model, cfg, task)  # after the move: it holds device tensors
     ops.prime_optimizer_state(optimizer)
     strategy.place_optimizer_state(optimizer)
@@ -69,7 +72,6 @@ def fit(
     total = cfg.max_steps if cfg.max_steps > 0 else (steps_per_epoch or 0) * cfg.max_epochs
     scheduler = build_scheduler(optimizer, cfg, total)
     watch = RunWatch(guard_after, evaluates=bool(cfg.eval_every))
-    directory = default_directory(cfg.run_dir, cfg.checkpoint_dir)
     saver = Checkpointer(
         directory, cfg.keep_checkpoints, cfg.async_checkpoint, plan.accelerator == "tpu",
         strategy, model, optimizer, scheduler, cfg.to_dict(), watch.host_read,
@@ -77,7 +79,6 @@ def fit(
         timed=clock.checkpoint,
     )  # fmt: skip
     progress = Progress()
-    resume_from = resume_location(cfg.resume, directory)
     if resume_from is not None:
         progress = saver.restore(resume_from, progress)  # resharded to this strategy
         strategy.place_optimizer_state(optimizer)

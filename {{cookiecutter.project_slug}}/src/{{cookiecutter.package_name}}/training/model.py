@@ -14,7 +14,7 @@ from torch import nn
 from .. import hf
 from ..core import Precision, RuntimeConfigError, Strategy, ops
 from ..core.layers import enable_scan
-from ..core.materialize import Index, Source
+from ..core.materialize import Index, Source, Unfilled, fill_whole
 from ..core.sharding import Rule, parse_rules
 from ..tasks import Task
 from ..weights.init import NotInitializable, SeededInit
@@ -41,23 +41,35 @@ def build(task: Task, config: TrainConfig, model: nn.Module | None = None) -> Bu
 
     On the meta device, adapted as `build_model` adapts it; its values come from the
     task's pretrained weights (read by shard) and, for the rest, its own initialization
-    seeded per module (`weights/init.py`). A model given, a scanned one, or one whose
-    constructor computes on its parameters is built whole on the host (`build_model`).
+    seeded per module (`weights/init.py`). A scanned model is filled whole on the host from
+    the same initialization, then stacked. A model given, or one whose constructor computes
+    on its parameters, is built whole on the host (`build_model`).
     """
     if model is not None:
         return Built(build_model(task, config, model))
-    if config.scan_layers:
-        return Built(build_model(task, config), note=WHOLE + "scan_layers stacks its blocks")
     try:
         with parameters_on_meta():
             meta = task.build_model()
         reason = blocker(meta)
+        if reason is None and config.scan_layers:  # stacked from whole blocks, same values
+            fill_whole(meta, SeededInit(meta, config.seed), "cpu")
+            return Built(adapt(meta, config), note=WHOLE + "scan_layers stacks its blocks")
         if reason is None:
             meta = adapt(meta, config)
             return Built(meta, weights_source(task, meta, config))
     except NotInitializable as error:
         reason = str(error)
     return Built(build_model(task, config), note=f"{WHOLE}{reason}")
+
+
+def read_over(built: Built) -> Source | None:
+    """The source for a model a checkpoint's weights are read into next: memory alone,
+    unless the checkpoint holds only LoRA adapters (the base still comes from the task)."""
+    from ..hf.lora import is_lora
+
+    if built.source is None or is_lora(built.model):
+        return built.source
+    return Unfilled()
 
 
 # The start of the one line a run prints when it builds its model whole on the host.

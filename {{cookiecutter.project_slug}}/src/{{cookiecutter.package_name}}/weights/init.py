@@ -80,12 +80,12 @@ def _initializer(model: nn.Module, name: str, module: nn.Module) -> Callable[[],
 
         def hf_init() -> None:
             if reset is not None:
-                module.reset_parameters()
+                reset(module)
             root._init_weights(module)  # type: ignore[operator]
 
         return hf_init
     if reset is not None:
-        return module.reset_parameters  # type: ignore[no-any-return]
+        return lambda: reset(module)
     return None
 
 

@@ -34,7 +34,7 @@ def parameters_on_meta() -> Iterator[None]:
         moved.__dict__.update(registered.__dict__)  # attributes libraries set on it
         module._parameters[name] = moved
 
-    nn.Module.register_parameter = to_meta  # type: ignore[method-assign]
+    nn.Module.register_parameter = to_meta  # type: ignore[method-assign,assignment]
     _state.active = True
     try:
         yield

@@ -4,7 +4,6 @@ process; each backend's `strategies.base` adds how it launches and recomputes bl
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Self
 

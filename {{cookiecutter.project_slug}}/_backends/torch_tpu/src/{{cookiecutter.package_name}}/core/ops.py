@@ -115,7 +115,9 @@ def clip_grad_norm_(parameters: Sequence[torch.Tensor], max_norm: float) -> torc
 
     world = dist.get_world_size()
     squares = torch.stack([_shard_square(grad, world) for grad in grads]).sum()
-    total = funcol.all_reduce(squares, "sum", dist.group.WORLD).sqrt()
+    world_group = dist.group.WORLD
+    assert world_group is not None
+    total = funcol.all_reduce(squares, "sum", world_group).sqrt()
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
     for grad in grads:
         grad.mul_(scale)
