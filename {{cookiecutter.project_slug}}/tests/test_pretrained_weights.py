@@ -158,6 +158,29 @@ def test_tied_head_is_served_from_the_embedding(
     assert not torch.equal(untied["lm_head.weight"], untied["model.embed_tokens.weight"])
 
 
+def test_base_model_checkpoint_loads_under_the_heads_prefix(tmp_path: Path) -> None:
+    """It reads a base model's checkpoint (GPT-2's keys, without `transformer.`) into the model
+    with a head, its tied head from the embedding, as from_pretrained does."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2Model
+
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2,
+                        bos_token_id=None, eos_token_id=None)  # fmt: skip
+    torch.manual_seed(0)
+    GPT2Model(config).save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as saved:
+        keys = list(saved.keys())
+    assert "h.0.attn.c_attn.weight" in keys
+
+    weights = opened(tmp_path)
+
+    expected = AutoModelForCausalLM.from_pretrained(tmp_path).state_dict()
+    assert "transformer.h.0.attn.c_attn.weight" in expected
+    assert weights.names() == set(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(weights.read(name, (ALL,) * tensor.dim(), tensor.dtype), tensor), name
+
+
 @pytest.mark.parametrize(
     ("kind", "stored", "stacked"),
     [("mixtral", "model.layers.1.block_sparse_moe.experts.3.w3.weight",
