@@ -1,2 +1,3 @@
 """Where a model's tensors come from and go to, one tensor at a time: built without memory,
-initialized by module, pretrained safetensors read by byte range, exported by tensor."""
+initialized by module, pretrained safetensors read by byte range (a `save_pretrained` folder,
+the Hugging Face cache or `gs://`), exported by tensor."""
