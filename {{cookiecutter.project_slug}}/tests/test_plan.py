@@ -4,6 +4,7 @@ autograd keeps, the smallest slice that fits, and one clear line for every bad i
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,11 +21,13 @@ from typer.testing import CliRunner
 from {{ cookiecutter.package_name }}.cli import app
 from {{ cookiecutter.package_name }}.core import tpu_generations
 from {{ cookiecutter.package_name }}.core.sharding import Rule
+from {{ cookiecutter.package_name }}.planning import host_memory
 from {{ cookiecutter.package_name }}.planning.activations import record
-from {{ cookiecutter.package_name }}.planning.estimate import BatchSize, Planner
+from {{ cookiecutter.package_name }}.planning.estimate import Accelerator, BatchSize, Planner
 from {{ cookiecutter.package_name }}.planning.workload import Workload, from_task
 from {{ cookiecutter.package_name }}.training.config import build_config
 
+from readme_inventory import readme_commands
 from training_helpers import TINY, cli, cli_env, write_config
 
 runner = CliRunner()
@@ -406,11 +409,13 @@ def test_plan_sizes_a_hugging_face_config_without_its_weights(tmp_path: Path) ->
     assert split["blocks"] == 2
 
 
-LLAMA3 = {  # the published configs' shapes (meta-llama/Meta-Llama-3-8B, -70B)
+LLAMA3 = {  # the published configs' shapes (meta-llama/Meta-Llama-3-8B, -70B, Llama-3.1-405B)
     "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256},
     "70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
             "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256},
+    "405b": {"hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 126,
+             "num_attention_heads": 128, "num_key_value_heads": 8, "vocab_size": 128256},
 }  # fmt: skip
 SHORT = ["--seq-len", "64", "--batch-size", "1", "--precision", "bf16-mixed", "--mesh", "fsdp=8"]
 
@@ -536,3 +541,127 @@ def test_a_sequence_too_long_for_the_mesh_grows_the_context_axis(tmp_path: Path)
     proposed = tight.proposed[False]
     assert proposed is not None and dict(proposed.mesh).get("context", 1) > 1, proposed
     assert proposed.total(False) <= tight.usable_bytes
+
+
+def test_every_generation_gives_its_host_ram_or_says_google_gives_none() -> None:
+    """It gives each generation's host RAM for every host its slices have, citing the Cloud
+    TPU page, or says that page gives none; the docs show the same."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "tpu-generations.md").read_text()
+    for key, generation in tpu_generations.generations().items():
+        assert generation.host_ram_source.startswith("https://cloud.google.com/tpu/docs/"), key
+        assert f"{generation.host_ram_note} (<{generation.host_ram_source}>)" in docs, key
+        figures = dict(generation.host_ram_gb_per_vm)
+        if not figures:
+            assert generation.host_ram_note.startswith("not found"), key
+            assert generation.host_ram_bytes(generation.slice_sizes[0]) is None
+            continue
+        for size in generation.slice_sizes:
+            gb = figures[generation.chips_on_a_host(size)]  # every host of every slice
+            assert generation.host_ram_bytes(size) == int(gb * 10**9), (key, size)
+    # Multi-host v5e slices run on 4-chip VMs, not on the 8-chip one.
+    assert Accelerator.parse("v5e-256").generation.host_ram_bytes(256) == 192 * 10**9
+
+
+def test_host_ram_is_the_baseline_and_the_largest_tensor_read_and_converted() -> None:
+    """It needs on a host the process baseline and the largest tensor read in bf16 and
+    converted to fp32 to load a decoder; to export, that tensor gathered and converted back
+    and the writer's buffers."""
+    transformers = needs_transformers()
+    config = transformers.LlamaConfig(
+        vocab_size=1000, hidden_size=64, intermediate_size=200, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    with torch.device("meta"):
+        largest = max(p.numel() for p in transformers.LlamaForCausalLM(config).parameters())
+    size = "vocab=1000,dim=64,mlp_dim=200,layers=2,heads=4,kv_heads=2"
+
+    report = plan("--architecture", "llama", "--size", size, "--seq-len", "16",
+                  "--precision", "bf16-mixed")  # fmt: skip
+    host = report["host_memory"]
+
+    baseline = host_memory.BASELINE_BYTES[tpu_generations.BACKEND] + host_memory.HUGGING_FACE_BYTES
+    assert host["processes_per_host"] == 1 and host["baseline_bytes_per_process"] == baseline
+    # bf16-mixed keeps fp32 weights: 2 bytes read per element, 4 once converted.
+    assert host["loading"]["total_bytes"] == baseline + largest * 2 + largest * 4
+    writer = host_memory.WRITE_BUFFER_BYTES
+    assert host["exporting"]["total_bytes"] == baseline + largest * 4 + largest * 2 + writer
+    assert host["host_bytes"] == 384 * 10**9  # v5e-8: one VM of 8 chips
+    assert host["loadable"] is True and host["exportable"] is True
+
+
+def test_torch_tpu_holds_a_tensor_in_each_of_a_hosts_processes() -> None:
+    """It counts one process per host under torch_xla and one per device under torch_tpu,
+    each reading its own tensor."""
+    dim = 64
+    workload = toy_workload(ToyTask(lambda: MegatronMlp(dim)), dim)
+    v5p = Accelerator.parse("v5p-64")
+    largest = 4 * dim * dim * 4  # `up.weight` in fp32, initialized in place: nothing converted
+
+    xla = host_memory.host_memory(workload, v5p, 0.1, backend="torch_xla")
+    tpu = host_memory.host_memory(workload, v5p, 0.1, backend="torch_tpu")
+
+    assert (xla.hosts, xla.processes, tpu.processes) == (8, 1, 4)
+    assert xla.loading == host_memory.BASELINE_BYTES["torch_xla"] + largest
+    assert tpu.loading == 4 * (host_memory.BASELINE_BYTES["torch_tpu"] + largest)
+
+
+def test_a_tensor_larger_than_a_hosts_ram_cannot_be_loaded() -> None:
+    """It reports a model whose largest tensor outgrows a host's RAM as not loadable there."""
+    needs_transformers()
+    size = "vocab=1000000,dim=32768,layers=1,heads=1,mlp_dim=8"  # a 65.5 GB bf16 embedding
+    done = cli("plan", "--architecture", "llama", "--size", size, "--seq-len", "8",
+               "--precision", "bf16-true", "--accelerator-type", "v5e-1", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    host = json.loads(done.stdout)["host_memory"]
+
+    assert host["loading"]["tensor_bytes"] == 1_000_000 * 32768 * 2
+    assert host["host_bytes"] == 48 * 10**9  # one 1-chip VM
+    assert host["loading"]["total_bytes"] > host["usable_host_bytes"]
+    assert host["loadable"] is False
+
+
+def readme_plan(marker: str) -> dict[str, Any]:
+    """The README's `plan` command naming `marker`, run as written, with `--json`."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    command = next(c for c in readme_commands(text) if " plan " in c and marker in c)
+    result = runner.invoke(app, [*shlex.split(command)[1:], "--json"])
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.stdout))
+
+
+def test_readmes_llama31_405b_with_lora_fits_v5e_256_and_its_hosts_can_load_it() -> None:
+    """It plans Llama 3.1 405B with LoRA on v5e-256 as the README shows it: it fits with
+    activation checkpointing, only the adapters train, and each host can load the bf16 base."""
+    count = llama_parameters("405b")
+    per_layer = sum(
+        rows + columns
+        for rows, columns in ((16384, 16384), (16384, 1024), (16384, 1024), (16384, 16384),
+                              (16384, 53248), (16384, 53248), (53248, 16384))
+    )  # fmt: skip
+    adapters = 16 * per_layer * 126  # rank 16 on every linear layer of every block
+
+    report = readme_plan("--size 405b")
+
+    assert report["parameter_count"] == count + adapters
+    assert report["fits"]["with_checkpointing"] is True
+    assert report["per_device"]["gradient_bytes"] < report["per_device"]["param_bytes"] / 100
+    host = report["host_memory"]
+    assert host["loading"]["tensor_bytes"] == 128256 * 16384 * 2  # an embedding, bf16
+    assert host["loading"]["converted_bytes"] == 0  # lora.base_bf16: read as it is stored
+    assert host["loading"]["total_bytes"] < host["usable_host_bytes"] < host["host_bytes"]
+    assert host["loadable"] is True
+
+
+def test_readmes_llama3_70b_full_fine_tune_fits_v5p_64_and_its_hosts_can_load_it() -> None:
+    """It plans Llama 3 70B, every weight trained, on v5p-64 as the README shows it: it fits,
+    and each host can load it, its largest tensor read in bf16 and converted to fp32."""
+    report = readme_plan("--size 70b --seq-len 4096")
+
+    assert report["accelerator_type"] == "v5p-64"
+    assert report["fits"]["with_checkpointing"] is True
+    assert report["per_device"]["gradient_bytes"] == report["per_device"]["param_bytes"]
+    host = report["host_memory"]
+    assert host["loading"]["tensor_bytes"] == 128256 * 8192 * 2
+    assert host["loading"]["converted_bytes"] == 128256 * 8192 * 4
+    assert host["host_bytes"] == 448 * 10**9  # a v5p VM of 4 chips
+    assert host["loadable"] is True

@@ -2,9 +2,10 @@
 
 Per generation: chips per host, devices per chip, the slice sizes Cloud TPU offers,
 runtime versions and zones (the first of each is the default), the peak bf16
-FLOPs and the HBM of one chip, whether Cloud TPU joins several of its slices into
-one job over the data-center network (multislice), and the training backends that run
-it. `docs/tpu-generations.md` shows the same table with its sources.
+FLOPs and the HBM of one chip, the RAM of a host (a TPU VM) by its chips, whether Cloud TPU
+joins several of its slices into one job over the data-center network (multislice), and the
+training backends that run it. `docs/tpu-generations.md` shows the same table with its
+sources.
 An accelerator type is GENERATION-SIZE; the size counts TensorCores, which is the
 chip count on generations with one TensorCore per chip (v5e, v6e).
 """
@@ -46,6 +47,11 @@ class Generation:
     multislice: bool
     source: str
     backends: tuple[str, ...] = ("torch_xla",)
+    # A TPU VM's RAM in GB (10^9 bytes, the smaller reading of the docs' "GB") by the chips
+    # it has; empty where Google's pages give none (`host_ram_note` says so).
+    host_ram_gb_per_vm: tuple[tuple[int, float], ...] = ()
+    host_ram_source: str = ""
+    host_ram_note: str = ""
 
     @classmethod
     def from_entry(cls, key: str, entry: dict[str, Any]) -> Generation:
@@ -64,6 +70,11 @@ class Generation:
             multislice=bool(entry["multislice"]),
             source=entry["source"],
             backends=tuple(entry.get("backends", ("torch_xla",))),
+            host_ram_gb_per_vm=tuple(
+                (int(chips), float(gb)) for chips, gb in entry.get("host_ram_gb_per_vm", {}).items()
+            ),
+            host_ram_source=entry.get("host_ram_source", ""),
+            host_ram_note=entry.get("host_ram_note", ""),
         )
 
     @property
@@ -88,10 +99,18 @@ class Generation:
         """XLA devices of the whole slice: chips x devices per chip."""
         return self.chips(size) * self.devices_per_chip
 
+    def chips_on_a_host(self, size: int) -> int:
+        """Chips on each host (TPU VM) of a slice of this size."""
+        return self.chips(size) // self.hosts(size)
+
     def devices_per_host(self, size: int) -> int:
         """XLA devices on each host: chips per host x devices per chip."""
-        chips_on_a_host = self.chips(size) // self.hosts(size)
-        return chips_on_a_host * self.devices_per_chip
+        return self.chips_on_a_host(size) * self.devices_per_chip
+
+    def host_ram_bytes(self, size: int) -> int | None:
+        """RAM of each host of a slice of this size (its VM's, by its chips); None: unknown."""
+        gb = dict(self.host_ram_gb_per_vm).get(self.chips_on_a_host(size))
+        return None if gb is None else int(gb * 10**9)
 
 
 @cache

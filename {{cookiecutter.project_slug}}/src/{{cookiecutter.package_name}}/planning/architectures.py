@@ -1,10 +1,10 @@
 """Decoder shapes `plan --architecture` builds without any config file: sizes known by name
-(Llama 3's 8B and 70B, Mixtral's 8x7B), or written out (`--size dim=4096,layers=32,...`), or
-both (`--size 8b,layers=16`: the 8B shape with 16 layers).
+(Llama 3's 8B and 70B, Llama 3.1's 405B, Mixtral's 8x7B), or written out
+(`--size dim=4096,layers=32,...`), or both (`--size 8b,layers=16`: the 8B shape with 16 layers).
 
 The shapes are the published configs' (meta-llama/Meta-Llama-3-8B and -70B,
-mistralai/Mixtral-8x7B-v0.1, `config.json`): only what sizes parameters and activations
-matters here, not rotary or norm settings.
+meta-llama/Llama-3.1-405B, mistralai/Mixtral-8x7B-v0.1, `config.json`): only what sizes
+parameters and activations matters here, not rotary or norm settings.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from ..hf.models import Sizes
 
-LLAMA3_VOCAB, LLAMA3_POSITIONS = 128256, 8192
+LLAMA3_VOCAB, LLAMA3_POSITIONS, LLAMA31_POSITIONS = 128256, 8192, 131072
 MIXTRAL_VOCAB, MIXTRAL_POSITIONS = 32000, 32768
 PRESETS: dict[str, dict[str, Sizes]] = {
     "llama": {
@@ -22,6 +22,8 @@ PRESETS: dict[str, dict[str, Sizes]] = {
                     heads=32, kv_heads=8, mlp_dim=14336, tie_embeddings=False),
         "70b": Sizes(vocab=LLAMA3_VOCAB, positions=LLAMA3_POSITIONS, dim=8192, layers=80,
                      heads=64, kv_heads=8, mlp_dim=28672, tie_embeddings=False),
+        "405b": Sizes(vocab=LLAMA3_VOCAB, positions=LLAMA31_POSITIONS, dim=16384, layers=126,
+                      heads=128, kv_heads=8, mlp_dim=53248, tie_embeddings=False),
     },
     "mixtral": {
         "8x7b": Sizes(vocab=MIXTRAL_VOCAB, positions=MIXTRAL_POSITIONS, dim=4096, layers=32,

@@ -21,7 +21,8 @@ MESH_HELP = (
 HF_CONFIG_HELP = "Plan a Hugging Face decoder from its config: a cached name or a directory."
 ARCHITECTURE_HELP = "Plan a Hugging Face decoder of this model type (llama, qwen2, ...) and --size."
 SIZE_HELP = (
-    "The shape for --architecture: a known size (llama: 8b, 70b, Llama 3's; mixtral: 8x7b), "
+    "The shape for --architecture: a known size (llama: 8b and 70b, Llama 3's, 405b, Llama "
+    "3.1's; mixtral: 8x7b), "
     "FIELD=N pairs (vocab, dim, layers, heads, kv_heads, mlp_dim, positions, experts, "
     "experts_per_token), or both: 8b,layers=16."
 )
@@ -71,11 +72,15 @@ def plan(
     precision: Annotated[str | None, typer.Option(help="32-true, bf16-mixed or bf16-true.")] = None,
     optimizer: Annotated[str | None, typer.Option(help="adamw, sgd, rmsprop or adafactor.")] = None,
     margin: Annotated[
-        float, typer.Option(help="Share of HBM kept free for what the estimate leaves out.")
+        float,
+        typer.Option(
+            help="Share of HBM (and of host RAM) kept free for what the estimate leaves out."
+        ),
     ] = 0.1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
-    """Estimate the per-device memory of a run on a TPU slice, and the smallest slice it fits.
+    """Estimate the per-device memory of a run on a TPU slice, and the smallest slice it fits;
+    and the host RAM each host needs to load the model and to export it.
 
     The model is built on the meta device (no memory, no download, no TPU, no XLA runtime).
     """
@@ -138,6 +143,7 @@ def make_plan(request: Request) -> Any:
     from ..core.sharding import parse_mesh
     from ..training.config import build_config, parse_override
     from .estimate import Accelerator, BatchSize, PlanError, Planner, check_batch, check_mesh
+    from .host_memory import host_memory
     from .report import Plan
     from .workload import from_architecture, from_hf_config, from_task
 
@@ -205,4 +211,5 @@ def make_plan(request: Request) -> Any:
         estimate=estimate,
         smallest=smallest,
         proposed=proposed,
+        host=host_memory(workload, accelerator, request.margin),
     )

@@ -150,10 +150,25 @@ class Planner:
         self.state = workload.optimizer_state()
         self.autocast = workload.config.precision == "bf16-mixed"
         self._recordings: dict[tuple[frozenset[tuple[int, bool]], int], Recording] = {}
+        # Each layout's estimate, or why it has none: the searches for both ways to train
+        # and for the asked slice try the same layouts.
+        self._estimates: dict[tuple[MeshShape, BatchSize], Estimate | ValueError] = {}
 
     def estimate(self, mesh: MeshShape, batch: BatchSize) -> Estimate:
         """Per-device bytes on `mesh` (RuntimeConfigError or ValueError: the mesh does not
         suit the model; PlanError: the batch does not split over it)."""
+        key = (mesh, batch)
+        if key not in self._estimates:
+            try:
+                self._estimates[key] = self._estimate(mesh, batch)
+            except ValueError as error:
+                self._estimates[key] = error
+        found = self._estimates[key]
+        if isinstance(found, ValueError):
+            raise found
+        return found
+
+    def _estimate(self, mesh: MeshShape, batch: BatchSize) -> Estimate:
         global_batch = batch.of(mesh)
         axes = dict(mesh)
         specs = self.workload.rules_layout(axes)
@@ -271,6 +286,8 @@ class Planner:
         whose activations one device cannot hold) with either. A data axis only adds copies
         of the state, never saves memory."""
         devices = generation.devices(size)
+        if self._state_bytes() > usable * devices:  # no layout holds less than its share
+            return None
         per_host = generation.devices_per_host(size)
         contexts = [c for c in (1, 2, 4, 8, 16, 32, 64) if devices % c == 0]
         for context in contexts:
@@ -288,6 +305,14 @@ class Planner:
                 if estimate.total(checkpointed) <= usable:
                     return estimate
         return None
+
+    def _state_bytes(self) -> int:
+        """Parameters, gradients and optimizer state over all devices: each device holds at
+        least its share of them, whatever the layout."""
+        params = self.workload.parameters
+        weights = sum(math.prod(p.shape) * p.itemsize for p in params)
+        gradients = sum(math.prod(p.shape) * p.itemsize for p in params if p.trainable)
+        return weights + gradients + sum(math.prod(t.shape) * t.itemsize for t in self.state)
 
 
 def _axes(entry: str | tuple[str, ...] | None) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""The plan as a reader sees it (a rich table and a verdict) and as a script reads it (JSON)."""
+"""The plan as a reader sees it (rich tables and verdicts) and as a script reads it (JSON)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rich.table import Table
 from ..core.memory import human
 from ..core.sharding import mesh_text
 from .estimate import Accelerator, Estimate
+from .host_memory import HostMemory, Tensor
 
 MODES = {False: "without_checkpointing", True: "with_checkpointing"}
 
@@ -32,6 +33,7 @@ class Plan:
     estimate: Estimate
     smallest: dict[bool, tuple[str, Estimate] | None]  # by activation checkpointing
     proposed: dict[bool, Estimate | None]  # the first layout of this slice that fits
+    host: HostMemory  # each host's RAM while the model is loaded and exported
 
     @property
     def usable_bytes(self) -> int:
@@ -95,6 +97,39 @@ def as_json(plan: Plan) -> dict[str, Any]:
             }
             for mode, found in plan.smallest.items()
         },
+        "host_memory": host_json(plan.host),
+    }
+
+
+def host_json(host: HostMemory) -> dict[str, Any]:
+    return {
+        "backend": host.backend,
+        "hosts": host.hosts,
+        "processes_per_host": host.processes,
+        "host_bytes": host.host_bytes,
+        "usable_host_bytes": host.usable_bytes,
+        "baseline_bytes_per_process": host.baseline,
+        "loading": {
+            **tensor_json(host.loaded),
+            "resident_bytes": host.resident,
+            "total_bytes": host.loading,
+        },
+        "exporting": {
+            **tensor_json(host.exported),
+            "write_buffer_bytes": host.write_buffers,
+            "total_bytes": host.exporting,
+        },
+        "loadable": host.loadable,
+        "exportable": host.exportable,
+    }
+
+
+def tensor_json(tensor: Tensor) -> dict[str, Any]:
+    return {
+        "largest_tensor": tensor.name,
+        "shape": list(tensor.shape),
+        "tensor_bytes": tensor.read,
+        "converted_bytes": tensor.converted,
     }
 
 
@@ -182,7 +217,49 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
             highlight=False,
             soft_wrap=True,
         )
+    print_host(plan, console)
+
+
+def print_host(plan: Plan, console: Console) -> None:
+    """The RAM each host needs while the model is loaded and while it is exported."""
+    host, accelerator = plan.host, plan.accelerator
+    ram = "RAM unknown" if host.host_bytes is None else f"{human(host.host_bytes)} RAM"
+    table = Table(title=f"{accelerator.type}: {host.hosts} host(s) of {ram}", title_justify="left")
+    table.add_column("per host")
+    table.add_column("loading", justify="right")
+    table.add_column("exporting", justify="right")
+    rows = [
+        ("processes", str(host.processes), "1"),
+        ("process baseline", human(host.baseline), human(host.baseline)),
+        ("largest tensor", human(host.loaded.read), human(host.exported.read)),
+        ("  converted", human(host.loaded.converted), human(host.exported.converted)),
+        ("write buffers", "-", human(host.write_buffers)),
+        ("kept in host memory", human(host.resident), "-"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    table.add_section()
+    table.add_row("total", human(host.loading), human(host.exporting), style="bold")
+    usable = "unknown" if host.usable_bytes is None else human(host.usable_bytes)
+    table.add_row(f"usable ({1 - host.margin:.0%} of RAM)", usable, usable)
+    table.add_row("verdict", _host_verdict(host.loadable), _host_verdict(host.exportable))
+    console.print(table)
+    shape = "x".join(map(str, host.loaded.shape))
+    each = "process" if host.processes == 1 else "processes"
+    lines = [
+        f"{host.backend}: {host.processes} {each} per host; largest tensor {host.loaded.name} "
+        f"[{shape}]; process baseline measured on XLA:CPU/CPU"
+    ]
+    if host.host_bytes is None:
+        generation = accelerator.generation
+        lines.append(f"{generation.name}: host RAM {generation.host_ram_note}")
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _verdict(fits: bool) -> str:
     return "[green]fits[/green]" if fits else "[bold red]does not fit[/bold red]"
+
+
+def _host_verdict(fits: bool | None) -> str:
+    return "unknown" if fits is None else _verdict(fits)

@@ -6,7 +6,9 @@ or from a Hugging Face decoder alone: its config (`--hf-config`: a model in the 
 cache, or a directory holding its `config.json`) or an architecture and a shape
 (`--architecture llama --size 8b`). Either way it is built on PyTorch's meta device:
 shapes and dtypes, no memory, nothing downloaded. `build_model` adds what a run adds: LoRA
-adapters, the precision's parameter dtype.
+adapters, the precision's parameter dtype. It also says what a run would read to materialize
+the model (`host_memory.py`): a pretrained decoder's weights in their checkpoint's dtype, the
+tensors a weight converter makes from several (a mixture's stacked experts), or nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import nn
 from ..core import ops
 from ..core.sharding import Spec, layout
 from ..core.strategies.interface import blocks_of
+from ..hf.common import unwrap
 from ..tasks import Task, block_class, load_task
 from ..training.config import TrainConfig
 from ..training.model import (
@@ -36,6 +39,9 @@ from ..training.optim import build_optimizer, counts_on_device
 
 Batch = dict[str, torch.Tensor]
 NEEDS_TRANSFORMERS = "{option} needs transformers: pip install -e '.[hf]'"
+# The dtype of a pretrained decoder's weights when its config names none: bf16, as the
+# published Llama 3 and Mixtral checkpoints are.
+CHECKPOINT_DTYPE = torch.bfloat16
 # Architectures an unknown one's error names as examples.
 EXAMPLES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2")
 
@@ -101,6 +107,11 @@ class Workload:
         index = {id(p): i for i, p in enumerate(self.tensors)}
         self.blocks = blocks_of(self.model, block_class(task, self.model))
         self.block_parameters = [{index[id(p)] for p in b.parameters()} for b in self.blocks]
+        self.hugging_face = unwrap(self.model) is not None
+        # Bytes per element of the pretrained weights a run reads (None: it reads none, the
+        # model is initialized where it lives, in its own dtype).
+        self.checkpoint_itemsize = _checkpoint_itemsize(task)
+        self.converted = _converted(self.model, index) if self.hugging_face else set()
 
     def rules_layout(self, mesh: Mapping[str, int]) -> list[Spec]:
         """Every parameter's layout on `mesh`, by the rules a run would use (errors name the
@@ -148,6 +159,34 @@ class Workload:
     def describe(self) -> str:
         """`parameters: 8.03B trainable of 8.03B (100.00%)`, as a run reports it."""
         return describe_parameters(self.counts())
+
+
+def _checkpoint_itemsize(task: Task) -> int | None:
+    """A pretrained decoder's (an `--hf-config` or `--architecture` plan, a task's `model_name`)
+    weights' bytes per element: its config's `dtype`, else bf16's. None for a model a run
+    initializes."""
+    if not isinstance(task, HFConfigTask) and not getattr(task, "model_name", ""):
+        return None
+    config = getattr(task, "hf_config", None) or getattr(task, "config", None)
+    dtype = getattr(config, "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        dtype = CHECKPOINT_DTYPE
+    return dtype.itemsize
+
+
+def _converted(model: nn.Module, index: Mapping[int, int]) -> set[int]:
+    """Parameters a weight converter makes from several checkpoint tensors: a mixture's
+    stacked experts (`[experts, out, in]`, stored per expert in the published checkpoints)."""
+    from ..hf.moe import experts_modules
+
+    return {
+        index[id(param)]
+        for module in experts_modules(model)
+        for param in module.parameters(recurse=False)
+        if id(param) in index
+    }
 
 
 def from_task(config: TrainConfig) -> Workload:
