@@ -263,7 +263,11 @@ def export(
         written = export_checkpoint(checkpoint, out, format, adapter_only, max_shard_size)
     except (CheckpointError, ConfigError, ValueError, OSError) as error:
         fail(str(error))
-    typer.echo(f"exported {written['checkpoint']} -> {out} ({written['parameters']} parameters)")
+    typer.echo(
+        f"exported {written['checkpoint']} -> {out} ({written['parameters']} parameters in "
+        f"{len(written['files'])} file(s); largest tensor held: {written['largest_held_bytes']} "
+        "bytes)"
+    )
 
 
 @app.command()

@@ -4,25 +4,26 @@ Two formats. `safetensors`: one file whose metadata names the task and its optio
 `load_exported(path)` builds the same model on a CPU (no torch_xla) and loads the
 weights, tied ones included. `hf`: a Hugging Face model directory that
 `AutoModelForCausalLM.from_pretrained(DIR)` (and `AutoTokenizer`, when the model came with
-a tokenizer) loads, or with `adapter_only` the LoRA adapter alone, for `peft`. A LoRA
-run's adapters are merged into the base weights unless only the adapter is asked for.
+a tokenizer) loads, sharded with an index above `max_shard_size` as `save_pretrained`
+shards, or with `adapter_only` the LoRA adapter alone, for `peft`. A LoRA run's adapters are
+merged into the base weights unless only the adapter is asked for. Either way no process
+holds more than one tensor of the model at a time (`weights/export.py`).
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from ..core.checkpointing import read
-from ..hf.lora import is_lora, merged
+from ..hf.lora import is_lora
 from ..tasks import load_task
-from .checkpoint import FORMAT, read_config, saved_weights
+from ..weights.export import export_adapter, export_hf, export_single_file
+from .checkpoint import FORMAT, read_config
 from .config import ConfigError, build_config
-from .model import build_model, unscanned
+from .model import build, unscanned
 
 EXPORT_FORMAT = f"{FORMAT}-export"
 FORMATS = ("safetensors", "hf")
@@ -35,7 +36,8 @@ def export_checkpoint(
     adapter_only: bool = False,
     max_shard_size: str = "5GB",
 ) -> dict[str, Any]:
-    """Write the weights of a checkpoint (or the newest in a directory) to `out`."""
+    """Write the weights of a checkpoint (or the newest in a directory) to `out`, a tensor at
+    a time: the model is built on the meta device, as the run built it, and never whole."""
     if format not in FORMATS:
         raise ConfigError(f"unknown export format {format!r}: use {' or '.join(FORMATS)}")
     if adapter_only and format != "hf":
@@ -43,36 +45,23 @@ def export_checkpoint(
     path, saved = read_config(location)
     config = build_config(None, {k: v for k, v in saved.items() if k != "resume"})
     task = load_task(config.task, config.data, config.task_options)
-    model = build_model(task, unscanned(config))  # the base of a LoRA run comes from here
-    read(path, {"model": saved_weights(None, model)})  # CPU tensors, whatever the layout
-    if adapter_only and not is_lora(model):
-        raise ConfigError(f"{path!r} is not a LoRA run's checkpoint: it has no adapter alone")
-    if is_lora(model) and not adapter_only:
-        model = merged(model)
-    parameters = sum(p.numel() for p in model.parameters())
-    if format == "hf":
-        from ..hf.export import save_hf
-
-        save_hf(model, getattr(task, "tokenizer", None), Path(out), max_shard_size)
+    built = build(task, unscanned(config))  # a LoRA run's base comes from its source
+    tokenizer = getattr(task, "tokenizer", None)
+    if adapter_only:
+        if not is_lora(built.model):
+            raise ConfigError(f"{path!r} is not a LoRA run's checkpoint: it has no adapter alone")
+        written = export_adapter(built.model, path, Path(out), tokenizer)
+    elif format == "hf":
+        written = export_hf(built.model, built.source, path, Path(out), max_shard_size, tokenizer)
     else:
-        _save_safetensors(model, config, path, Path(out))
-    return {"checkpoint": path, "parameters": parameters}
-
-
-def _save_safetensors(model: nn.Module, config: Any, checkpoint: str, out: Path) -> None:
-    from safetensors.torch import save_model
-
-    metadata = {
-        "format": EXPORT_FORMAT,
-        "task": config.task,
-        "task_options": json.dumps(config.task_options),
-        "checkpoint": checkpoint,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
-        partial = Path(scratch) / out.name
-        save_model(model, str(partial), metadata=metadata)  # writes tied weights once
-        partial.replace(out)  # whole or not at all
+        metadata = {
+            "format": EXPORT_FORMAT,
+            "task": config.task,
+            "task_options": json.dumps(config.task_options),
+            "checkpoint": path,
+        }
+        written = export_single_file(built.model, built.source, path, Path(out), metadata)
+    return {"checkpoint": path, **written}
 
 
 def load_exported(path: str | Path) -> nn.Module:
