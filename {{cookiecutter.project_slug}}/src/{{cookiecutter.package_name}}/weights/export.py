@@ -88,7 +88,9 @@ class ModelValues:
     own `merge` on host copies of that layer's tensors; a buffer the checkpoint lacks from
     the model as built."""
 
-    def __init__(self, model: nn.Module, source: Source | None, checkpoint: CheckpointTensors) -> None:  # fmt: skip
+    def __init__(
+        self, model: nn.Module, source: Source | None, checkpoint: CheckpointTensors
+    ) -> None:
         from ..hf.lora import base_name, is_lora
 
         self.model, self.source, self.checkpoint = model, source, checkpoint
@@ -103,8 +105,11 @@ class ModelValues:
             self.tensors[name] = buffer
             self.aliases[name] = [name]
         self.run_name = {base_name(name): name for name in self.tensors}  # plain -> the run's
-        self.layers = {name: module for name, module in model.named_modules()
-                       if self.lora and hasattr(module, "base_layer") and hasattr(module, "merge")}  # fmt: skip
+        self.layers = {
+            name: module
+            for name, module in model.named_modules()
+            if self.lora and hasattr(module, "base_layer") and hasattr(module, "merge")
+        }
         self._merged: tuple[str, dict[str, torch.Tensor]] | None = None
 
     def read(self, plain: str) -> torch.Tensor:
@@ -235,7 +240,8 @@ def export_hf(model: nn.Module, source: Source | None, checkpoint: str, out: Pat
             del read, written
         writer.close()
         if plan.index is not None:
-            (folder / INDEX_NAME).write_text(json.dumps(plan.index, indent=2, sort_keys=True) + "\n")
+            index = json.dumps(plan.index, indent=2, sort_keys=True)
+            (folder / INDEX_NAME).write_text(index + "\n")
         save_model_files(inner, tokenizer, folder)
     return {"files": sorted(plan.files), "largest_held_bytes": held.largest,
             "parameters": parameter_count(plain)}  # fmt: skip

@@ -52,10 +52,14 @@ def plan_hub(model: Any, max_shard_size: int | str) -> HubPlan:
         filename_pattern=WEIGHTS_NAME.replace(".safetensors", "{suffix}.safetensors"),
         max_shard_size=max_shard_size,
     )  # fmt: skip
+
+    def spec(name: str) -> TensorSpec:
+        return TensorSpec(name, written[name].dtype, tuple(written[name].shape))
+
     files = {
-        filename: [TensorSpec(name, written[name].dtype, tuple(written[name].shape)) for name in names]
+        filename: [spec(name) for name in names]
         for filename, names in split.filename_to_tensors.items()
-    }  # fmt: skip
+    }
     index = None
     if split.is_sharded:
         metadata = {"total_parameters": model.num_parameters(), **split.metadata}
@@ -70,7 +74,9 @@ def convert(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return dict(revert_weight_conversion(model, tensors))
 
 
-def conversion_groups(model: Any, state: dict[str, Any], written: dict[str, Any]) -> list[list[str]]:  # fmt: skip
+def conversion_groups(
+    model: Any, state: dict[str, Any], written: dict[str, Any]
+) -> list[list[str]]:
     """The model's tensors in groups that convert on their own: one tensor each, unless a
     written tensor is made of several (they share a group). Checked against the whole
     conversion: each group must give exactly its part of it."""
@@ -78,7 +84,7 @@ def conversion_groups(model: Any, state: dict[str, Any], written: dict[str, Any]
     for name, tensor in state.items():
         try:
             keys[name] = list(convert(model, {name: tensor}))
-        except Exception as error:  # noqa: BLE001 (a conversion missing its other inputs)
+        except Exception as error:  # a conversion missing its other inputs
             raise ConversionError(_refusal(model, name, error)) from None
     groups: list[list[str]] = []
     group_of: dict[str, int] = {}  # written name -> its group
@@ -100,8 +106,8 @@ def conversion_groups(model: Any, state: dict[str, Any], written: dict[str, Any]
     for group in groups:
         part = convert(model, {name: state[name] for name in group})
         for key, tensor in part.items():
-            target = written.get(key)
-            if key in seen or target is None or target.shape != tensor.shape:
+            stored = written.get(key)
+            if key in seen or stored is None or stored.shape != tensor.shape:
                 raise ConversionError(_refusal(model, group[0], None))
             seen.add(key)
     if seen != set(written):

@@ -49,7 +49,9 @@ class TensorSpec:
         return count * self.dtype.itemsize
 
 
-def layout(specs: Iterable[TensorSpec], metadata: Mapping[str, str]) -> tuple[bytes, dict[str, tuple[int, int]]]:  # fmt: skip
+def layout(
+    specs: Iterable[TensorSpec], metadata: Mapping[str, str]
+) -> tuple[bytes, dict[str, tuple[int, int]]]:
     """A file's header bytes (length prefix included) and each tensor's byte range in its data."""
     ordered = sorted(specs, key=lambda spec: (-_rank(spec.dtype), spec.name))
     entries: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
@@ -95,12 +97,12 @@ class FilesWriter:
                 f"tensor {name!r} is {tensor.dtype} {tuple(tensor.shape)}, planned as "
                 f"{spec.dtype} {spec.shape}"
             )
-        data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data
         descriptor = os.open(path, os.O_WRONLY)
         try:
-            written = os.pwrite(descriptor, memoryview(data), offset)
+            written = os.pwrite(descriptor, data, offset)
             while written < data.nbytes:  # pwrite may write less than asked
-                written += os.pwrite(descriptor, memoryview(data)[written:], offset + written)
+                written += os.pwrite(descriptor, data[written:], offset + written)
         finally:
             os.close(descriptor)
 
@@ -108,4 +110,6 @@ class FilesWriter:
         """Raise if a planned tensor was never written."""
         if self.where:
             missing = sorted(self.where)
-            raise ValueError(f"{len(missing)} planned tensor(s) were not written: {missing[0]!r}, ...")
+            raise ValueError(
+                f"{len(missing)} planned tensor(s) were not written: {missing[0]!r}, ..."
+            )
