@@ -31,6 +31,7 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
         "tests/test_lora.py",
         "tests/test_hf_export.py",
         "tests/test_pretrained_weights.py",
+        "tests/test_pretrained_run.py",
         "tests/hf_helpers.py",
         "configs/hf-causal-lm.toml",
     ),

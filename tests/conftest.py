@@ -110,3 +110,10 @@ def run_cookiecutter(
         )
 
     return run
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files that run a bake's whole suite start first (each worker runs a file whole):
+    the longest jobs begin at once, and the two workers finish near each other."""
+    long_files = {item.path for item in items if item.get_closest_marker("suite")}
+    items.sort(key=lambda item: item.path not in long_files)

@@ -4,7 +4,6 @@ where no environment is activated and nothing of the template's environment is o
 
 from __future__ import annotations
 
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 
 from docker_engine import host_index_url
 from helpers import Baked, pytest_summary
-from users_shell import InstalledBake, install_the_users_way, run, users_shell, with_python
+from users_shell import run, users_shell, with_python
 
 # Per Python version: the combination baked for it, the tests its run selects, and whether
 # torch comes through TORCH_INDEX_URL (here the host's own index: PyTorch's CPU index is out
@@ -62,61 +61,3 @@ def test_bake_installs_and_passes_its_suite_from_a_plain_shell(
     output = run(["make", "test", f"PYTEST_ARGS={args}"], project, env, timeout=2400)
     counts = pytest_summary(output)
     assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
-
-
-@pytest.mark.suite
-def test_torch_tpu_bake_installs_and_passes_its_suite_from_a_plain_shell(
-    torch_tpu_installed: InstalledBake,
-) -> None:
-    """It passes the torch_tpu bake's `make install && make test` (torch 2.13, no torch-tpu:
-    its tests run every layout as CPU processes over gloo), its own venv, not activated."""
-    project, env = torch_tpu_installed.project, torch_tpu_installed.env
-    python = str(torch_tpu_installed.python)
-    listed = run([python, "-m", "pip", "list"], project, env, timeout=120)
-    assert re.search(r"^torch\s+2\.13\.0", listed, re.M), listed
-    assert not re.search(r"^torch[-_](xla|tpu)\s", listed, re.M | re.I), listed
-    output = run(["make", "test", "PYTEST_ARGS=-q -p no:cacheprovider"], project, env, 2400)
-    counts = pytest_summary(output)
-    assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
-    assert not counts.get("deselected") and not counts.get("error"), output[-3000:]
-
-
-# What the torch_tpu bake of the hf-causal-lm example runs of its suite: the quick tier of the
-# tests its task changes, and its every-layout runs whole (a tiny Llama, LoRA under FSDP2).
-# The rest is the shared code's suite, which the torch_tpu lm bake runs whole
-# (test_torch_tpu_bake_installs_and_passes_its_suite_from_a_plain_shell); the slow tier of the
-# Hugging Face tests trains each decoder and mixture under fsdp, for minutes each.
-TORCH_TPU_HF_QUICK = (
-    "-m 'not slow' tests/test_task_hf_causal_lm.py tests/test_hf_models.py tests/test_hf_moe.py "
-    "tests/test_lora.py tests/test_hf_export.py"
-)
-
-
-@pytest.mark.suite
-def test_torch_tpu_hf_bake_installs_and_passes_its_suite_from_a_plain_shell(
-    bake_combo: Callable[[str], Baked], tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    """It passes the torch_tpu bake of the hf-causal-lm example the same way: the quick tier of
-    the tests its task changes (transformers decoders and mixtures, LoRA, the Hugging Face
-    export), and a tiny Llama in every layout with LoRA in bf16-mixed on one process and
-    under FSDP2."""
-    installed = install_the_users_way(
-        bake_combo, "torch-tpu-hf-causal-lm-fsdp", tmp_path_factory.mktemp("torch-tpu-hf")
-    )
-    quick = f"PYTEST_ARGS=-q -p no:cacheprovider -rfE {TORCH_TPU_HF_QUICK}"
-    output = run(["make", "test", quick], installed.project, installed.env, 2400)
-    counts = pytest_summary(output)
-    assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
-    assert not counts.get("error"), output[-3000:]
-    # The passed tests by name, then failures.
-    layouts = "PYTEST_ARGS=-q -p no:cacheprovider -rpfE tests/test_distributed.py"
-    output = run(["make", "test", layouts], installed.project, installed.env, 2400)
-    counts = pytest_summary(output)
-    assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
-    assert not counts.get("deselected") and not counts.get("error"), output[-3000:]
-    for test in (
-        "test_every_layout_trains_the_one_process_losses",
-        "test_lora_in_bf16_trains_only_the_adapters_alike_on_one_process_and_fsdp",
-        "test_lora_checkpoint_holds_only_the_adapters_and_their_optimizer_state",
-    ):
-        assert f"PASSED tests/test_distributed.py::{test}" in output, output[-3000:]

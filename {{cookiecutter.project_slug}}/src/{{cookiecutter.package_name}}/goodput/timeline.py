@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
-from ..cli_common import EXIT_OF_STATUS
+from ..exit_codes import EXIT_OF_STATUS
 from . import store
 
 FLUSH_SECONDS = 300.0

@@ -32,15 +32,9 @@ from torch.utils.data import Dataset
 
 from ..hf import HFConfigError
 from ..hf.byte_tokenizer import BYTE_VOCAB
-from ..hf.models import (
-    Sizes,
-    build_decoder,
-    decoder_config,
-    load_decoder,
-    load_tokenizer,
-    pretrained_config,
-)
+from ..hf.models import Sizes, build_decoder, decoder_config, load_decoder
 from ..hf.moe import add_router_loss
+from ..weights.locations import pretrained_config, pretrained_tokenizer
 from ..weights.meta import building_on_meta
 from . import POSITIONS
 from ._corpus import TextSplits, text_splits, token_loss, token_metrics
@@ -75,7 +69,7 @@ class HFCausalLMTask:
         self.tokenizer: Any = None
         if self.model_name:  # checked before any data is read
             self.config = pretrained_config(self.model_name)
-            self.tokenizer = load_tokenizer(self.model_name)
+            self.tokenizer = pretrained_tokenizer(self.model_name)
         else:
             self.config = decoder_config(self.architecture, self.sizes)
         positions = getattr(self.config, "max_position_embeddings", None)

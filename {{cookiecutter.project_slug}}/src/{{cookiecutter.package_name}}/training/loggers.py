@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..cli_common import EXIT_OF_STATUS
+from ..exit_codes import EXIT_OF_STATUS
 from ..goodput import store
 from .errors import ConfigError
 

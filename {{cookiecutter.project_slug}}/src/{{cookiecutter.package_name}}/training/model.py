@@ -55,8 +55,9 @@ def build(task: Task, config: TrainConfig, model: nn.Module | None = None) -> Bu
             fill_whole(meta, SeededInit(meta, config.seed), "cpu")
             return Built(adapt(meta, config), note=WHOLE + "scan_layers stacks its blocks")
         if reason is None:
+            pretrained = open_pretrained_weights(task, meta)  # checked against the plain model
             meta = adapt(meta, config)
-            return Built(meta, weights_source(task, meta, config))
+            return Built(meta, weights_source(meta, config, pretrained))
     except NotInitializable as error:
         reason = str(error)
     return Built(build_model(task, config), note=f"{WHOLE}{reason}")
@@ -76,18 +77,26 @@ def read_over(built: Built) -> Source | None:
 WHOLE = "model: built whole on the host, not on the meta device: "
 
 
-def weights_source(task: Task, model: nn.Module, config: TrainConfig) -> Source:
-    """Where a meta-device model's values come from: the task's pretrained weights where
-    they hold a tensor, the model's seeded initialization for the rest (LoRA adapters)."""
-    init = SeededInit(model, config.seed)
+def open_pretrained_weights(task: Task, model: nn.Module) -> Any:
+    """The task's pretrained safetensors, opened and checked against the model as built from
+    its config, before any adapter renames its tensors (None: the task has none)."""
     location = getattr(task, "pretrained_weights", "")
     if not location:
-        return init
-    from ..hf.common import unwrap
-    from ..hf.lora import base_name
+        return None
     from ..weights.pretrained import open_pretrained
 
-    pretrained = open_pretrained(location, unwrap(model) or model)
+    return open_pretrained(location, model)
+
+
+def weights_source(model: nn.Module, config: TrainConfig, pretrained: Any = None) -> Source:
+    """Where a meta-device model's values come from: the pretrained weights where they hold a
+    tensor (under the plain model's names), the model's seeded initialization for the rest
+    (LoRA adapters)."""
+    init = SeededInit(model, config.seed)
+    if pretrained is None:
+        return init
+    from ..hf.lora import base_name
+
     return Routed(pretrained, init, base_name)
 
 

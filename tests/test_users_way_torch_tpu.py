@@ -1,0 +1,29 @@
+"""The torch_tpu bake's `make install && make test`, run the way its README tells a user:
+in the bake's own `.venv`, from a shell where no environment is activated (a file of its own,
+so the two test workers run it beside the default bake's suite)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from helpers import pytest_summary
+from users_shell import InstalledBake, run
+
+
+@pytest.mark.suite
+def test_torch_tpu_bake_installs_and_passes_its_suite_from_a_plain_shell(
+    torch_tpu_installed: InstalledBake,
+) -> None:
+    """It passes the torch_tpu bake's `make install && make test` (torch 2.13, no torch-tpu:
+    its tests run every layout as CPU processes over gloo), its own venv, not activated."""
+    project, env = torch_tpu_installed.project, torch_tpu_installed.env
+    python = str(torch_tpu_installed.python)
+    listed = run([python, "-m", "pip", "list"], project, env, timeout=120)
+    assert re.search(r"^torch\s+2\.13\.0", listed, re.M), listed
+    assert not re.search(r"^torch[-_](xla|tpu)\s", listed, re.M | re.I), listed
+    output = run(["make", "test", "PYTEST_ARGS=-q -p no:cacheprovider"], project, env, 2400)
+    counts = pytest_summary(output)
+    assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
+    assert not counts.get("deselected") and not counts.get("error"), output[-3000:]
