@@ -210,6 +210,7 @@ HF = [
     "tests/test_pretrained_weights.py",
     "tests/hf_helpers.py",
     "configs/hf-causal-lm.toml",
+    "benchmarks/load_bench.py",
 ]
 CORPUS = [
     "src/tpu_project/tasks/_corpus.py",
