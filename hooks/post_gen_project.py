@@ -34,6 +34,7 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
         "tests/test_pretrained_run.py",
         "tests/hf_helpers.py",
         "configs/hf-causal-lm.toml",
+        "benchmarks/load_bench.py",
     ),
 }
 # The corpus helpers and the data package (`prepare`, prepared datasets) serve the text tasks.

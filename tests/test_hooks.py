@@ -211,6 +211,7 @@ HF = [
     "tests/test_pretrained_run.py",
     "tests/hf_helpers.py",
     "configs/hf-causal-lm.toml",
+    "benchmarks/load_bench.py",
 ]
 CORPUS = [
     "src/tpu_project/tasks/_corpus.py",
