@@ -14,7 +14,7 @@ from torch import nn
 from .. import hf
 from ..core import Precision, RuntimeConfigError, Strategy, ops
 from ..core.layers import enable_scan
-from ..core.materialize import Index, Source, Unfilled, fill_whole
+from ..core.materialize import Index, Source, Unfilled, fill_whole, whole
 from ..core.sharding import Rule, parse_rules
 from ..tasks import Task
 from ..weights.init import NotInitializable, SeededInit
@@ -122,7 +122,27 @@ def build_model(task: Task, config: TrainConfig, model: nn.Module | None = None)
     """
     ops.seed_host(config.seed)  # the model's initial weights depend on it
     model = model if model is not None else task.build_model()
-    return adapt(model, config)
+    model = adapt(model, config)
+    seed_adapters(model, config.seed)
+    return model
+
+
+def seed_adapters(model: nn.Module, seed: int) -> None:
+    """Give a whole model's LoRA adapters the values a model built on the meta device gets
+    (each adapter from its own seeded generator): a run's adapters start the same whether its
+    base was loaded whole or read by shards."""
+    from ..hf.lora import is_lora
+
+    if not is_lora(model):
+        return
+    try:
+        init = SeededInit(model, seed)
+    except NotInitializable:
+        return  # a module without its own initialization: peft's draws stay
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                param.copy_(init.read(name, whole(param.shape), param.dtype))
 
 
 def adapt(model: nn.Module, config: TrainConfig) -> nn.Module:
