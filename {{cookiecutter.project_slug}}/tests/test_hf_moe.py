@@ -160,6 +160,32 @@ def test_dropless_experts_equal_transformers_eager_experts(architecture: str) ->
     assert abs(float(ours.aux_loss - eager.aux_loss)) <= 1e-5
 
 
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_lora_on_experts_counts_a_tokens_share_of_their_adapters_and_warns_nothing(
+    architecture: str,
+) -> None:
+    """It counts, as active per token, the top-k share of the experts' adapters as of the
+    experts (peft splits their rank over the experts), and wraps without peft's warning that
+    the experts' rank patterns were ignored (they were applied)."""
+    import warnings
+
+    from {{ cookiecutter.package_name }}.hf.lora import LoraSettings, apply_lora
+    from {{ cookiecutter.package_name }}.training.model import parameter_counts
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = apply_lora(tiny_model(architecture), LoraSettings(rank=4), "32-true")
+    assert not [str(w.message) for w in caught if "pattern" in str(w.message)]
+    params = dict(model.named_parameters())
+    adapters = [name for name in params if ".experts." in name and "lora_" in name]
+    # peft's all-linear reaches Mixtral's and OLMoE's stacked experts, not Qwen2-MoE's.
+    assert adapters or architecture == "qwen2_moe", "peft put no adapters on the experts"
+    expert_elements = sum(p.numel() for name, p in params.items() if ".experts." in name)
+    idle = (1 - EXPERTS["experts_per_token"] / EXPERTS["experts"]) * expert_elements
+    counts = parameter_counts(model)
+    assert counts["active"] == counts["total"] - round(idle)
+
+
 def test_tokens_over_capacity_skip_their_expert_and_are_counted() -> None:
     """It drops the pairs over an expert's capacity, later tokens first, and counts them."""
     from {{ cookiecutter.package_name }}.hf.experts import LOADS, SETTINGS, Routing, xla_experts

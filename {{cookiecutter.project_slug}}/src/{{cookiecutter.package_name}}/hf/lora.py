@@ -101,7 +101,7 @@ def apply_lora(model: nn.Module, settings: LoraSettings, precision: str) -> nn.M
 
 @contextlib.contextmanager
 def quiet_peft_wrapping() -> Iterator[None]:
-    """Silence the one warning every LoRA run would print and no user can act on.
+    """Silence the warnings a LoRA run would print and no user can act on.
 
     peft reads `model.is_gradient_checkpointing` when it wraps a model; transformers 5.23
     deprecated that property with a FutureWarning on each read. Other warnings pass.
@@ -109,6 +109,16 @@ def quiet_peft_wrapping() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        # peft (0.19) gives a mixture's stacked expert weights (`target_parameters`) their
+        # rank through `rank_pattern` / `alpha_pattern`, then checks those patterns against
+        # the targeted *modules* only and warns they were ignored: they were not (the
+        # adapters have those ranks).
+        warnings.filterwarnings(
+            "ignore",
+            message=r"The following (rank|alpha)_pattern keys did not match any targeted "
+            r"module and were ignored: \[[^]]*(gate_up_proj|down_proj|gate_proj|up_proj)",
+            category=RuntimeWarning,
         )
         yield
 

@@ -190,5 +190,22 @@ def active_parameters(model: nn.Module) -> int | None:
         if not weights:
             continue
         share = 1.0 - top_k / weights[0].shape[0]
-        idle += share * sum(p.numel() for p in weights)
+        adapters = expert_adapters(model, module)  # LoRA on the stacked weights: per expert
+        idle += share * sum(p.numel() for p in [*weights, *adapters])
     return total - round(idle)
+
+
+def expert_adapters(model: nn.Module, experts: nn.Module) -> list[nn.Parameter]:
+    """The LoRA parameters of the wrappers peft puts around an experts module (one per
+    stacked weight, `target_parameters`): their rank dimension is split over the experts."""
+    found = []
+    for module in model.modules():
+        inner = module
+        while hasattr(inner, "base_layer") and inner is not experts:
+            inner = inner.base_layer
+        if inner is experts and module is not experts:
+            for part in ("lora_A", "lora_B"):
+                adapters = getattr(module, part, None)
+                if isinstance(adapters, nn.ModuleDict):
+                    found += [p for a in adapters.values() for p in a.parameters()]
+    return found
