@@ -21,7 +21,7 @@ PARALLEL = -n $(TEST_JOBS) --dist loadfile
 # libraries where https://download.pytorch.org/whl/cpu is reachable (see README).
 TORCH_INDEX_URL ?=
 
-.PHONY: help venv test test-pythons test-docker test-gcloud test-fast demo lint bench clean
+.PHONY: help venv test test-pythons test-full test-docker test-gcloud test-fast demo lint bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,13 +41,16 @@ $(SKY_STAMP): requirements-sky.txt
 venv: $(STAMP) $(SKY_STAMP) ## Create the virtual environments with everything the tests need
 
 test: $(STAMP) $(SKY_STAMP) ## Run every template test (sets itself up on a fresh machine)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m "not pythons" $(PARALLEL) $(PYTEST_ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m "not pythons and not full" $(PARALLEL) $(PYTEST_ARGS)
 
 test-pythons: $(STAMP) ## Bakes for Python 3.10 and 3.12: make install && make test-fast, the user's way
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m pythons $(PYTEST_ARGS)
 
+test-full: $(STAMP) ## The torch_tpu bake's whole suite (make test runs its quick tier), the user's way
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m full $(PYTEST_ARGS)
+
 test-fast: $(STAMP) $(SKY_STAMP) ## The template tests without the Docker and gcloud tiers and the baked suites
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m "not docker and not gcloud and not suite and not pythons" $(PARALLEL) $(PYTEST_ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m "not docker and not gcloud and not suite and not pythons and not full" $(PARALLEL) $(PYTEST_ARGS)
 
 test-docker: $(STAMP) ## Run only the Docker tier (builds and runs the baked project's image)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m docker $(PYTEST_ARGS)

@@ -12,18 +12,38 @@ from helpers import pytest_summary
 from users_shell import InstalledBake, run
 
 
-@pytest.mark.suite
-def test_torch_tpu_bake_installs_and_passes_its_suite_from_a_plain_shell(
-    torch_tpu_installed: InstalledBake,
-) -> None:
-    """It passes the torch_tpu bake's `make install && make test` (torch 2.13, no torch-tpu:
-    its tests run every layout as CPU processes over gloo), its own venv, not activated."""
-    project, env = torch_tpu_installed.project, torch_tpu_installed.env
-    python = str(torch_tpu_installed.python)
-    listed = run([python, "-m", "pip", "list"], project, env, timeout=120)
+def installed_torch_2_13(installed: InstalledBake) -> None:
+    """The bake's own venv holds torch 2.13 and neither torch_xla nor torch-tpu."""
+    listed = run([str(installed.python), "-m", "pip", "list"], installed.project, installed.env,
+                 timeout=120)  # fmt: skip
     assert re.search(r"^torch\s+2\.13\.0", listed, re.M), listed
     assert not re.search(r"^torch[-_](xla|tpu)\s", listed, re.M | re.I), listed
-    output = run(["make", "test", "PYTEST_ARGS=-q -p no:cacheprovider"], project, env, 2400)
+
+
+@pytest.mark.suite
+def test_torch_tpu_bake_installs_and_passes_its_quick_tier_from_a_plain_shell(
+    torch_tpu_installed: InstalledBake,
+) -> None:
+    """It passes the torch_tpu bake's `make install && make test-fast` (torch 2.13, no
+    torch-tpu: its tests run every layout as CPU processes over gloo), its own venv, not
+    activated: every test file of the shared code, the end-to-end trainings aside."""
+    installed_torch_2_13(torch_tpu_installed)
+    project, env = torch_tpu_installed.project, torch_tpu_installed.env
+    output = run(["make", "test-fast", "PYTEST_ARGS=-q -p no:cacheprovider"], project, env, 2400)
+    counts = pytest_summary(output)
+    assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
+    assert not counts.get("error"), output[-3000:]
+
+
+@pytest.mark.full
+def test_torch_tpu_bake_installs_and_passes_its_whole_suite_from_a_plain_shell(
+    torch_tpu_installed: InstalledBake,
+) -> None:
+    """It passes the torch_tpu bake's whole `make test` the same way, its end-to-end
+    trainings included (`make test-full`: half an hour more on two cores)."""
+    installed_torch_2_13(torch_tpu_installed)
+    project, env = torch_tpu_installed.project, torch_tpu_installed.env
+    output = run(["make", "test", "PYTEST_ARGS=-q -p no:cacheprovider"], project, env, 3600)
     counts = pytest_summary(output)
     assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
     assert not counts.get("deselected") and not counts.get("error"), output[-3000:]
