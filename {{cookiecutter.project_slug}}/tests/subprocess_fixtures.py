@@ -37,6 +37,7 @@ def run_python(
     env: dict[str, str] | None = None,
     unset: tuple[str, ...] = (),
     base: dict[str, str] | None = None,
+    timeout: int = SUBPROCESS_TIMEOUT,
 ) -> dict[str, Any]:
     """Run `python *argv` in a fresh interpreter and return the JSON object it prints last.
 
@@ -55,7 +56,7 @@ def run_python(
         env=child_env,
         capture_output=True,
         text=True,
-        timeout=SUBPROCESS_TIMEOUT,
+        timeout=timeout,
         check=False,
     )
     if result.returncode != 0:
@@ -78,9 +79,12 @@ def python_subprocess(child_environ: dict[str, str]) -> RunPython:
     """Runs code in a fresh interpreter (see `run_python`)."""
 
     def run(
-        argv: list[str], env: dict[str, str] | None = None, unset: tuple[str, ...] = ()
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        unset: tuple[str, ...] = (),
+        timeout: int = SUBPROCESS_TIMEOUT,
     ) -> dict[str, Any]:
-        return run_python(argv, env, unset, base=child_environ)
+        return run_python(argv, env, unset, base=child_environ, timeout=timeout)
 
     return run
 

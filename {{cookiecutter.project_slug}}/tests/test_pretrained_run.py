@@ -88,7 +88,8 @@ def test_read_by_shards_trains_as_loaded_whole(
 ) -> None:
     """It reads each device's slices of the saved bf16 checkpoint (dtype converted per slice)
     and fine-tunes 20 steps to the losses of the model from_pretrained loaded whole."""
-    runs = python_subprocess([__file__, str(base), *LAYOUTS[layout], lora], env={})
+    # Two fine-tunings in one child (imports and compiles once): twice a child's usual time.
+    runs = python_subprocess([__file__, str(base), *LAYOUTS[layout], lora], env={}, timeout=900)
     by_shards, whole = runs["by shards"], runs["whole"]
     assert by_shards["trainable"] == whole["trainable"]
     assert len(by_shards["losses"]) == STEPS
