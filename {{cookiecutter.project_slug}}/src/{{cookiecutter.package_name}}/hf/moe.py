@@ -200,7 +200,7 @@ def expert_adapters(model: nn.Module, experts: nn.Module) -> list[nn.Parameter]:
     stacked weight, `target_parameters`): their rank dimension is split over the experts."""
     found = []
     for module in model.modules():
-        inner = module
+        inner: Any = module
         while hasattr(inner, "base_layer") and inner is not experts:
             inner = inner.base_layer
         if inner is experts and module is not experts:
