@@ -20,7 +20,7 @@ from helpers import Baked, pytest_summary, tool_env
 SUITE_COMBOS = {
     "hf-causal-lm-fsdp-bf16-mixed": "-m 'hf or not slow' tests/test_hf_models.py "
     "tests/test_hf_moe.py tests/test_lora.py tests/test_hf_export.py "
-    "tests/test_pretrained_weights.py tests/test_pretrained_run.py tests/test_task_hf_causal_lm.py "
+    "tests/test_pretrained_weights.py tests/test_task_hf_causal_lm.py "
     "tests/test_data_prepare.py tests/test_data_training.py tests/test_trainer.py "
     "tests/test_fsdp.py tests/test_precision.py tests/test_cli.py tests/test_makefile.py "
     "tests/test_readme.py",
