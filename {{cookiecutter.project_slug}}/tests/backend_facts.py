@@ -82,6 +82,9 @@ DOCTOR_DEVICE = "XLA:CPU (xla:0), 1 device"
 # tests of that count are expected to fail (strict: one that passes says so); the guard's
 # (no graph compiled after warm-up) hold.
 ONE_GRAPH_PER_STEP_KIND = False
+# On one device a training step is two graphs (the forward and loss; the optimizer's update),
+# its backward run between them outside dynamo; an evaluation step is one.
+TRAIN_GRAPHS_ONE_DEVICE = 2
 one_graph_per_step_kind = pytest.mark.xfail(
     strict=True, reason="torch_tpu compiles several graphs for one step kind (dynamo's splits)"
 )
@@ -91,6 +94,7 @@ one_graph_per_step_kind = pytest.mark.xfail(
 # A training step and an evaluation step compile one graph each, traced once and replayed:
 # the tests of that count run as they are.
 ONE_GRAPH_PER_STEP_KIND = True
+TRAIN_GRAPHS_ONE_DEVICE = 1
 
 
 def one_graph_per_step_kind(test: Any) -> Any:

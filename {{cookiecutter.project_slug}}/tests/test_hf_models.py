@@ -111,11 +111,14 @@ def test_decoder_shards_two_ways_from_its_own_tensor_parallel_plan(
 ) -> None:
     """It splits the plan's projections over `tensor` and gives the one-device losses."""
     devices = MESHES[mesh]
+    tensor = int(mesh.rpartition("tensor=")[2])
     single = run(python_subprocess, "llama", "single", precision="32-true")
+    # batch_size is per device of the data axes: a tensor group shares its samples.
     sharded = run(
         python_subprocess, "llama", "fsdp", precision="32-true", mesh=mesh, devices=str(devices),
-        batch_size=16 // devices,
+        batch_size=16 * tensor // devices,
     )  # fmt: skip
+    assert sharded["global_batch"] == single["global_batch"] == 16
 
     assert_healthy(sharded)
     assert worst_relative(sharded["train_losses"], single["train_losses"]) <= 1e-5

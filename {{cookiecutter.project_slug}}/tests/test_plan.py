@@ -655,6 +655,7 @@ def test_readmes_llama31_405b_with_lora_fits_v5e_256_and_its_hosts_can_load_it()
 def test_readmes_llama3_70b_full_fine_tune_fits_v5p_64_and_its_hosts_can_load_it() -> None:
     """It plans Llama 3 70B, every weight trained, on v5p-64 as the README shows it: it fits,
     and each host can load it, its largest tensor read in bf16 and converted to fp32."""
+    needs_transformers()  # the README's command names the architecture
     report = readme_plan("--size 70b --seq-len 4096")
 
     assert report["accelerator_type"] == "v5p-64"

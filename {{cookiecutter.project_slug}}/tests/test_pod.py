@@ -367,7 +367,11 @@ BAD_INPUT = {
     "slices-of-v3": (
         ["train", "--tpu=t", "--slices", "2", "--accelerator-type", "v3-32"],
         {},
+{%- if cookiecutter.backend == "torch_tpu" %}
+        "TPU v3 (v3-32) does not run on torch_tpu",  # refused before its slices are looked at
+{%- else %}
         "2 slices of v3-32: Cloud TPU forms a multislice only of tpu7x, v4, v5litepod, v5p, v6e",
+{%- endif %}
     ),
     "slices-of-nodes": (["nodes", "--tpu=t", "--slices=2", "--accelerator-type=v2-8"], {}, "v2"),
 }
@@ -579,8 +583,13 @@ def test_make_refuses_slices_the_type_cannot_form_before_calling_gcloud(tmp_path
     assert result.returncode == 2, result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [
+{%- if cookiecutter.backend == "torch_tpu" %}
+        "error: TPU v3 (v3-8) does not run on torch_tpu, the backend this project is built on (it "
+        "runs on torch_xla): choose another generation, or bake the project with that backend"
+{%- else %}
         "error: 2 slices of v3-8: Cloud TPU forms a multislice only of tpu7x, v4, v5litepod, v5p, "
         "v6e slices, not TPU v3; use one slice, or a generation that forms a multislice"
+{%- endif %}
     ]
     assert not (tmp_path / "gcloud.ran").exists()
     accepted = make("tpu-create", "SLICES=2", "ACCELERATOR_TYPE=v4-32", env=env)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from backend_facts import TRAIN_GRAPHS_ONE_DEVICE
 from training_helpers import cli_env
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -52,7 +53,7 @@ def test_doc_snippet_trains_as_a_new_task(project_with_my_task: Path) -> None:
     losses = [loss for _, loss in summary["train_losses"]]
     assert losses[-1] < 0.5 * losses[0], losses
     assert summary["eval"]["accuracy"] > 0.85, summary["eval"]
-    assert summary["loop_compilations"] == 2  # one train graph, one eval graph
+    assert summary["loop_compilations"] == TRAIN_GRAPHS_ONE_DEVICE + 1  # and one eval graph
     assert os.path.isdir(copy / "runs" / "my-task" / "checkpoints")
 
 
