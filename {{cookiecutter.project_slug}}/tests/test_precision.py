@@ -95,6 +95,25 @@ def test_accumulator_stays_fp32_under_legacy_env_mode(legacy_env_run):
 {%- endif %}
 
 
+@pytest.mark.parametrize("mode", ["32-true", "bf16-mixed"])
+def test_weights_stored_in_bf16_train_in_fp32_and_frozen_ones_stay_as_stored(mode):
+    """It holds a bf16 checkpoint's trainable weights in fp32 under 32-true and bf16-mixed
+    (bf16 masters would drop a 2**-10 update), keeps frozen ones in bf16, and ties hold."""
+    model = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 8, bias=False), nn.Linear(4, 4))
+    model[1].weight = model[0].weight  # tied, as a decoder's head and embedding
+    model.to(torch.bfloat16)
+    model[2].requires_grad_(False)
+
+    converted = Precision.from_name(mode).convert_module(model)
+
+    assert converted[0].weight.dtype == torch.float32
+    assert converted[1].weight is converted[0].weight
+    assert {p.dtype for p in converted[2].parameters()} == {torch.bfloat16}
+    with torch.no_grad():
+        converted[0].weight.fill_(1.0).add_(2**-10)
+    assert converted[0].weight[0, 0].item() == FINE
+
+
 @pytest.mark.parametrize("mode", ["32-true", "bf16-mixed", "bf16-true"])
 def test_accumulator_stays_fp32_in_every_mode(mode, device):
     """It accumulates a bf16 loss into fp32, where bf16 would give 4096 + 1 == 4096."""

@@ -362,3 +362,34 @@ def test_experts_of_another_size_are_refused_with_both_shapes(saved: dict[str, P
         f"{folder}: {name} made from {first} and 7 more has shape [4, 128, 32], the model's "
         f"{name} [4, 96, 32]: build the model from the config saved with these weights"
     )
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_bf16_checkpoint_fine_tunes_fp32_weights_and_keeps_a_frozen_base_bf16(
+    tmp_path: Path, lora: bool
+) -> None:
+    """It builds a model saved in bf16, by shards and loaded whole alike, with the weights
+    that train in fp32 under bf16-mixed (not bf16 masters) and a LoRA base frozen in bf16."""
+    from transformers import AutoModelForCausalLM
+
+    from {{ cookiecutter.package_name }}.hf.models import load_decoder
+    from {{ cookiecutter.package_name }}.tasks import load_task
+    from {{ cookiecutter.package_name }}.training import build_config
+    from {{ cookiecutter.package_name }}.training.model import build
+
+    saved = save_tiny_pretrained(tmp_path / "fp32")
+    folder = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(saved, dtype=torch.bfloat16).save_pretrained(folder)
+    for file in saved.glob("*token*"):
+        (folder / file.name).write_bytes(file.read_bytes())
+    options = {"model_name": str(folder), "seq_len": 16, "max_bytes": 20_000}
+    adapters = {"lora": {"rank": 4, "alpha": 8}} if lora else {}
+    settings = {"task": "hf-causal-lm", "accelerator": "cpu", "precision": "bf16-mixed"}
+    config = build_config(None, {**settings, "task_options": options, **adapters})
+    task = load_task(config.task, config.data, config.task_options)
+
+    for built in (build(task, config), build(task, config, model=load_decoder(str(folder)))):
+        params = list(built.model.parameters())
+        assert {p.dtype for p in params if p.requires_grad} == {torch.float32}
+        frozen = {p.dtype for p in params if not p.requires_grad}
+        assert frozen == ({torch.bfloat16} if lora else set())

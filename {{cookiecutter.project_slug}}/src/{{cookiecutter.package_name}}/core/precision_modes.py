@@ -78,9 +78,15 @@ class PrecisionMode:
         raise NotImplementedError
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Cast the module's floating parameters as the mode requires (bf16-true only)."""
+        """Cast the module's floating parameters as the mode requires: bf16-true all of them
+        to bf16; the other modes the ones that train to fp32, whatever dtype a checkpoint
+        stored them in (bf16 master weights would drop every update smaller than 1/256 of
+        the weight), the frozen ones (a LoRA base) kept as stored."""
         if self.name == "bf16-true":
             return module.to(torch.bfloat16)
+        for param in module.parameters():
+            if param.requires_grad and param.is_floating_point() and param.dtype != torch.float32:
+                param.data = param.data.to(torch.float32)  # the same Parameter: ties hold
         return module
 
     def forward_context(self) -> contextlib.AbstractContextManager[None]:

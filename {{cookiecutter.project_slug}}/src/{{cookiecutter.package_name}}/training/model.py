@@ -133,8 +133,8 @@ def seed_adapters(model: nn.Module, seed: int) -> None:
     base was loaded whole or read by shards."""
     from ..hf.lora import is_lora
 
-    if not is_lora(model):
-        return
+    if not is_lora(model) or any(p.is_meta for p in model.parameters()):
+        return  # no adapters, or no values yet (`plan` builds on the meta device)
     try:
         init = SeededInit(model, seed)
     except NotInitializable:

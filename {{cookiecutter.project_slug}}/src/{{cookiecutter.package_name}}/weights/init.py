@@ -150,7 +150,7 @@ class SeededInit:
         hosts = []
         for (owner, leaf), param in zip(slots, saved, strict=True):
             assert param is not None
-            host = torch.full(tuple(param.shape), math.nan, dtype=torch.float32)
+            host = torch.full(tuple(param.shape), math.nan, dtype=torch.float32, device="cpu")
             owner._parameters[leaf] = nn.Parameter(host, requires_grad=param.requires_grad)
             hosts.append(host)
         try:
