@@ -35,9 +35,11 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
         "tests/hf_helpers.py",
         "configs/hf-causal-lm.toml",
         "benchmarks/load_bench.py",
+        "docs/hugging-face.md",
     ),
 }
-# The corpus helpers and the data package (`prepare`, prepared datasets) serve the text tasks.
+# The corpus helpers and the data package (`prepare`, prepared datasets) serve the text tasks,
+# and so do the pages on data and long sequences.
 TEXT_TASK_FILES = (
     "src/{package}/tasks/_corpus.py",
     "src/{package}/data",
@@ -50,6 +52,8 @@ TEXT_TASK_FILES = (
     "benchmarks/data_bench.py",
     "benchmarks/read_bench.py",
     "benchmarks/long_bench.py",
+    "docs/data.md",
+    "docs/long-sequences.md",
 )
 
 

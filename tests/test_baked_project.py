@@ -23,10 +23,10 @@ SUITE_COMBOS = {
     "tests/test_pretrained_weights.py tests/test_task_hf_causal_lm.py "
     "tests/test_data_prepare.py tests/test_data_training.py tests/test_trainer.py "
     "tests/test_fsdp.py tests/test_precision.py tests/test_cli.py tests/test_makefile.py "
-    "tests/test_readme.py",
+    "tests/test_readme.py tests/test_doc_links.py",
     "vision-bf16-mixed-spmd": "-m 'not slow' tests/test_task_vision.py tests/test_trainer.py "
     "tests/test_strategy.py tests/test_precision.py tests/test_evaluation.py tests/test_cli.py "
-    "tests/test_makefile.py tests/test_readme.py",
+    "tests/test_makefile.py tests/test_readme.py tests/test_doc_links.py",
     "v4-8-ddp-bf16-true": "-m 'not slow' tests/test_pod.py tests/test_runtime.py "
     "tests/test_strategy.py tests/test_precision.py tests/test_dockerfile.py "
     "tests/test_startup_script.py tests/test_scan.py",

@@ -212,6 +212,7 @@ HF = [
     "tests/hf_helpers.py",
     "configs/hf-causal-lm.toml",
     "benchmarks/load_bench.py",
+    "docs/hugging-face.md",
 ]
 CORPUS = [
     "src/tpu_project/tasks/_corpus.py",
@@ -225,6 +226,8 @@ CORPUS = [
     "benchmarks/data_bench.py",
     "benchmarks/read_bench.py",
     "benchmarks/long_bench.py",
+    "docs/data.md",
+    "docs/long-sequences.md",
 ]
 
 

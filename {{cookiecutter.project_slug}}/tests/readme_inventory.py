@@ -1,17 +1,24 @@
-"""Commands shown in the README and the inventory saying how each is checked."""
+"""Commands shown in the README and docs/, and the README's inventory saying how each is checked."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PROJECT = Path(__file__).resolve().parents[1]
+README = PROJECT / "README.md"
+DOCS = PROJECT / "docs"
 REFERENCE = re.compile(r"(tested|rehearsed|template): (tests/[\w/]+\.py)::(\w+)")
 ROW = re.compile(r"^\| `(?P<command>[^`]+)` \| (?P<how>.+) \|$")
 
 
+def documentation() -> list[Path]:
+    """The project's documentation files: the README first, then every docs/ page by name."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
 def readme_commands(text: str) -> list[str]:
-    """Shell commands of the README's bash blocks (continuations joined, comments dropped)."""
+    """Shell commands of a Markdown text's bash blocks (continuations joined, comments dropped)."""
     commands: list[str] = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         joined = re.sub(r"\\\n\s*", " ", block)
@@ -20,6 +27,15 @@ def readme_commands(text: str) -> list[str]:
             if command and not re.fullmatch(r"[A-Z_]+=\S+", command):
                 commands.append(command)
     return commands
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(file, command) for every command of the README and the docs/ pages, in their order."""
+    return [
+        (path.relative_to(PROJECT).as_posix(), command)
+        for path in documentation()
+        for command in readme_commands(path.read_text())
+    ]
 
 
 def inventory(text: str) -> dict[str, str]:

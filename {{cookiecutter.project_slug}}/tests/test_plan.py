@@ -27,7 +27,7 @@ from {{ cookiecutter.package_name }}.planning.estimate import Accelerator, Batch
 from {{ cookiecutter.package_name }}.planning.workload import Workload, from_task
 from {{ cookiecutter.package_name }}.training.config import build_config
 
-from readme_inventory import readme_commands
+from readme_inventory import documented_commands
 from training_helpers import TINY, cli, cli_env, write_config
 
 runner = CliRunner()
@@ -621,9 +621,8 @@ def test_a_tensor_larger_than_a_hosts_ram_cannot_be_loaded() -> None:
 
 
 def readme_plan(marker: str) -> dict[str, Any]:
-    """The README's `plan` command naming `marker`, run as written, with `--json`."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    command = next(c for c in readme_commands(text) if " plan " in c and marker in c)
+    """The documented `plan` command naming `marker` (docs/plan.md), run as written, `--json`."""
+    command = next(c for _, c in documented_commands() if " plan " in c and marker in c)
     result = runner.invoke(app, [*shlex.split(command)[1:], "--json"])
     assert result.exit_code == 0, result.output
     return dict(json.loads(result.stdout))

@@ -1,4 +1,4 @@
-"""The README tells the truth: every command it shows is checked, and its commands run."""
+"""The README and docs/ tell the truth: every command they show is checked, and they run."""
 
 from __future__ import annotations
 
@@ -8,19 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from readme_inventory import README, covering_row, inventory, readme_commands, references
+from readme_inventory import (
+    DOCS,
+    README,
+    covering_row,
+    documented_commands,
+    inventory,
+    readme_commands,
+    references,
+)
 from training_helpers import TINY, cli, write_config
 
 TEXT = README.read_text()
 PROJECT = README.parent
 
 
-@pytest.mark.parametrize("command", readme_commands(TEXT))
-def test_every_readme_command_is_in_the_inventory(command: str) -> None:
-    """It lists every README command in the inventory with at least one named check."""
+@pytest.mark.parametrize(("page", "command"), documented_commands())
+def test_every_documented_command_is_in_the_inventory(page: str, command: str) -> None:
+    """It lists every command of the README and docs/ in the inventory, with a named check."""
     rows = inventory(TEXT)
     prefix = covering_row(command, rows)
-    assert prefix is not None, f"README command not in the inventory: {command}"
+    assert prefix is not None, f"{page}: command not in the README's inventory: {command}"
     assert references(rows[prefix]), f"no check named for {prefix!r}"
 
 
@@ -38,10 +46,10 @@ def test_inventory_names_tests_that_exist() -> None:
 
 
 def test_readme_training_commands_run(tmp_path: Path) -> None:
-    """It runs the README's train, config show and eval commands (shortened) on XLA:CPU."""
+    """It runs the training page's train, config show, eval and export commands (shortened)."""
     slug = "{{ cookiecutter.project_slug }} "
     commands: dict[str, str] = {}
-    for command in readme_commands(TEXT):  # the first command of each kind
+    for command in readme_commands((DOCS / "training.md").read_text()):  # the first of each kind
         if command.startswith(slug):
             commands.setdefault(command.split()[1], command)
     config = write_config(tmp_path, max_steps=2, log_every=1)
