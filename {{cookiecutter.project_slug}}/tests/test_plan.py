@@ -580,9 +580,11 @@ def test_host_ram_is_the_baseline_and_the_largest_tensor_read_and_converted() ->
     host = report["host_memory"]
 
     baseline = host_memory.BASELINE_BYTES[tpu_generations.BACKEND] + host_memory.HUGGING_FACE_BYTES
-    assert host["processes_per_host"] == 1 and host["baseline_bytes_per_process"] == baseline
+    # One process per host under torch_xla, one per device under torch_tpu.
+    processes = host_memory.processes_per_host(Accelerator.parse(report["accelerator_type"]))
+    assert host["processes_per_host"] == processes and host["baseline_bytes_per_process"] == baseline
     # bf16-mixed keeps fp32 weights: 2 bytes read per element, 4 once converted.
-    assert host["loading"]["total_bytes"] == baseline + largest * 2 + largest * 4
+    assert host["loading"]["total_bytes"] == processes * (baseline + largest * 2 + largest * 4)
     writer = host_memory.WRITE_BUFFER_BYTES
     assert host["exporting"]["total_bytes"] == baseline + largest * 4 + largest * 2 + writer
     assert host["host_bytes"] == 384 * 10**9  # v5e-8: one VM of 8 chips
