@@ -21,14 +21,44 @@ import pytest
 from backend_facts import NAME
 from training_helpers import SRC, TINY, write_config
 
-pytestmark = pytest.mark.slow  # several end-to-end runs: `make test-fast` skips them
-
 PACKAGE = "{{ cookiecutter.package_name }}"
 PYTHON_VARIABLE, SRC_VARIABLE = "OTHER_BACKEND_PYTHON", "OTHER_BACKEND_SRC"
 SAVED, STEPS, SEED = 10, 20, 0
+# Several end-to-end runs, in two environments: `make test-fast` skips them.
+slow = pytest.mark.slow
 # What the project promises a layout against one device, and the torch_tpu bake against one
 # process on a pod (tests/test_fsdp.py): the two backends' losses agree far closer (~2e-7).
 TOLERANCE = 2e-3
+
+
+def test_a_checkpoint_reads_in_either_backends_layout(device: Any, tmp_path: Path) -> None:
+    """It reads tables saved whole (torch_xla's layout) or split into their entries (torch's)
+    into the same state on the device, a table asked for as None included."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    from {{ cookiecutter.package_name }}.core.checkpointing import read
+
+    config = {"seed": 3, "task_options": {"dim": 32}, "loggers": ["tensorboard"]}
+    groups = [{"lr": 0.5, "betas": (0.9, 0.99), "params": [0]}]
+    split = {"model": {"w": torch.arange(4.0)}, "config": config, "groups": groups}
+    whole = {"model.w": torch.arange(4.0), "config": config, "groups": groups}
+    dcp.save(split, checkpoint_id=tmp_path / "split")
+    dcp.save(whole, checkpoint_id=tmp_path / "whole",
+             planner=DefaultSavePlanner(flatten_state_dict=False))  # fmt: skip
+    for layout in ("split", "whole"):
+        state: dict[str, Any] = {
+            "model": {"w": torch.zeros(4, device=device)},
+            "config": {"seed": 0, "task_options": {"dim": 0}, "loggers": []},
+            "groups": [{"lr": 0.0, "betas": (0.0, 0.0), "params": [0]}],
+        }
+        read(str(tmp_path / layout), state)
+        assert torch.equal(state.pop("model")["w"].cpu(), torch.arange(4.0)), layout
+        assert state == {"config": config, "groups": groups}, layout
+        header: dict[str, Any] = {"config": None}
+        read(str(tmp_path / layout), header)
+        assert header["config"]["task_options"] == {"dim": 32}, layout
 
 
 @dataclass(frozen=True)
@@ -132,6 +162,7 @@ def assert_same_losses(resumed: dict[str, Any], reference: list[list[float]]) ->
         assert loss == pytest.approx(expected, rel=TOLERANCE), step
 
 
+@slow
 def test_a_run_of_the_other_backend_continues_here_as_if_unbroken(
     continued_here: dict[str, Any], here: Backend, tmp_path: Path
 ) -> None:
@@ -141,6 +172,7 @@ def test_a_run_of_the_other_backend_continues_here_as_if_unbroken(
     assert_same_losses(continued_here, unbroken(here, tmp_path))
 
 
+@slow
 def test_a_run_of_this_backend_continues_on_the_other_as_if_unbroken(
     continued_there: dict[str, Any], other: Backend, tmp_path: Path
 ) -> None:
@@ -150,6 +182,7 @@ def test_a_run_of_this_backend_continues_on_the_other_as_if_unbroken(
     assert_same_losses(continued_there, unbroken(other, tmp_path))
 
 
+@slow
 def test_crossing_backends_restarts_the_device_rng_in_one_line(
     continued_here: dict[str, Any], continued_there: dict[str, Any], here: Backend, other: Backend
 ) -> None:
@@ -163,6 +196,7 @@ def test_crossing_backends_restarts_the_device_rng_in_one_line(
         ], run["stdout"][-3000:]
 
 
+@slow
 def test_another_model_from_the_other_backend_is_refused_in_one_line(
     saved_there: Path, here: Backend, tmp_path: Path
 ) -> None:

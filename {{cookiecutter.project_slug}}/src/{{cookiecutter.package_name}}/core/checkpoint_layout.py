@@ -6,7 +6,8 @@ torch's own (the torch_tpu backend) splits every table down to its leaves
 (`config.seed`, `optimizer.param_groups.0.lr`), torch_xla's CheckpointManager keeps a table
 that holds no tensor as one object (`config`, `optimizer.param_groups`). Reading walks the
 state to be filled along the keys the checkpoint holds, so either layout reads on either
-backend, and hands DCP a state already flat: its own flattener then has nothing to decide.
+backend, and hands DCP a state already flat, every object saved whole a `None` in its place:
+its own flattener then has nothing to split.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ Place = tuple[MutableMapping[str, Any] | list[Any], str | int]
 
 def flatten(state: dict[str, Any], keys: set[str]) -> tuple[dict[str, Any], dict[str, Place]]:
     """`state`'s entries under the saved keys they are read from (`model.embed.weight`: the
-    live tensor; `config`: the object to replace), and where each goes back.
+    live tensor; `config`: None, the object read in its place), and where each goes back.
 
     A `None` entry whose key was saved split becomes, in `state`, the table those keys spell
     (its leaves `None`, each read whole). An entry the checkpoint lacks keeps its own key, for
@@ -46,7 +47,9 @@ def flatten(state: dict[str, Any], keys: set[str]) -> tuple[dict[str, Any], dict
                 if isinstance(value, MutableMapping | list):
                     walk(value, f"{key}.")
                     continue
-            flat[key] = value  # read whole; or missing, and DCP says so with its key
+            if key in keys and not torch.is_tensor(value):
+                value = None  # an object read whole: a table here would be split by DCP's planner
+            flat[key] = value  # or missing from the checkpoint, and DCP says so with its key
             places[key] = (table, name)
 
     walk(state, "")
