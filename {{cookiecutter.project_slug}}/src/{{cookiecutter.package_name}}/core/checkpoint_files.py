@@ -125,10 +125,15 @@ def saved_keys(location: str) -> set[str]:
 
 def load(location: str, state: dict[str, Any], planner: Any = None) -> None:
     """torch.distributed.checkpoint's load of `location` into `state` (with `planner`, or
-    torch's default one); CheckpointError says why it failed."""
+    torch's default one), in the layout either backend wrote (core.checkpoint_layout);
+    CheckpointError says why it failed."""
     import torch.distributed.checkpoint as dcp
 
+    from .checkpoint_layout import flatten, unflatten
+
+    flat, places = flatten(state, flat_keys(location))
     try:
-        dcp.load(state, storage_reader=reader(location), planner=planner)
+        dcp.load(flat, storage_reader=reader(location), planner=planner)
     except failures() as error:
         raise CheckpointError(f"cannot read checkpoint {location!r}: {reason(error)}") from None
+    unflatten(flat, places)

@@ -4,12 +4,17 @@ A checkpoint directory (`checkpoint_dir`: a local path or any fsspec URL, `gs://
 through gcsfs) holds one folder per saved step, laid out by torch_xla's
 CheckpointManager: `.metadata`, the `.distcp` shards each process wrote, and
 `.manager_metadata`, written last. A folder without it was cut off mid-save and is
-ignored, so a crash never costs the previous checkpoint. Reading needs only torch.
+ignored, so a crash never costs the previous checkpoint. Reading needs only torch; the
+torch_tpu backend's checkpoints read and resume here too (core.checkpoint_layout).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from . import checkpoint_files as files
@@ -21,7 +26,8 @@ def read(location: str, state: dict[str, Any]) -> None:
 
     Tensors in `state` receive the saved values (on XLA devices as they are sharded
     now, whatever the layout at save time); other entries are replaced by the saved
-    objects. Entries of the checkpoint that `state` does not name are not read.
+    objects (a `None` entry naming a table receives the whole table). Entries of the
+    checkpoint that `state` does not name are not read. Either backend's checkpoints read here.
     """
     files.load(location, state, _load_planner(state))
 
@@ -61,13 +67,15 @@ class CheckpointStore:
         self.async_save = async_save
         self.preemption = preemption
         try:
-            self.manager = CheckpointManager(
-                directory,
-                save_interval=1,
-                max_to_keep=keep,
-                process_group=group,
-                chkpt_on_preemption=preemption,
-            )
+            with _quiet_about_other_markers():
+                self.manager = CheckpointManager(
+                    directory,
+                    save_interval=1,
+                    max_to_keep=keep,
+                    process_group=group,
+                    chkpt_on_preemption=preemption,
+                )
+            _track_other_backends_steps(self.manager, directory)
         except files.failures() as error:  # fsspec and the OS raise many types here
             raise files.CheckpointError(
                 f"cannot use checkpoint directory {directory!r}: {files.reason(error)}"
@@ -115,6 +123,36 @@ class CheckpointStore:
         """Wait for background saves, and raise if one failed."""
         self.manager.join()
         self.raise_failures()
+
+
+class _OtherMarkers(logging.Filter):
+    """Drops CheckpointManager's warning about step folders without its own marker: a
+    half-written step is ignored by design, and a whole one the torch_tpu backend wrote is
+    tracked below."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Ignoring invalid checkpoints")
+
+
+@contextmanager
+def _quiet_about_other_markers() -> Iterator[None]:
+    root, drop = logging.getLogger(), _OtherMarkers()
+    root.addFilter(drop)  # CheckpointManager warns through the root logger
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
+
+
+def _track_other_backends_steps(manager: Any, directory: str) -> None:
+    """Whole steps the torch_tpu backend wrote (its marker is the step, not CheckpointManager's
+    record) join the tracked ones as the oldest: listed, resumed from, and counted by `keep`."""
+    from torch_xla.experimental.distributed_checkpoint.manager import _CheckpointMetadata
+
+    tracked = set(manager.all_steps())
+    for step in reversed(files.completed_steps(directory)):
+        if step not in tracked:
+            manager._tracked_chkpts.appendleft(_CheckpointMetadata(step=step, ts=datetime.min))
 
 
 def _frozen(state: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 Everything exact resume needs: weights and optimizer state under the plain model's
 parameter names (so a checkpoint reshards into any strategy), the schedule, progress,
-the config, and every host's random generators. Storage is core.checkpointing.
+the config, and every host's random generators. Storage is core.checkpointing. A checkpoint
+names the backend that wrote it: the other backend resumes it too, all but the device's
+random generator, which it seeds again from the run's seed and step (and says so).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from ..core import Strategy, health, ops, runtime
 from ..core.checkpoint_files import CheckpointError, find_checkpoint, join
 from ..core.checkpointing import CheckpointStore, read, saved_keys
 from ..core.layers import stacked_parameters
+from ..core.tpu_generations import BACKEND
 from ..hf.lora import is_lora
-from .state import Progress, restore_rng_states, rng_states
+from .state import DEVICE_RNG, Progress, restart_device_rng, restore_rng_states, rng_states
 
 FORMAT = "{{ cookiecutter.package_name }}-checkpoint"
 VERSION = 2
@@ -111,6 +114,7 @@ class Checkpointer:
         self.stream_state = stream_state  # a resumable stream's state after the trained batches
         self.timed: Timed = timed or (lambda kind, step, directory: nullcontext())
         self.restored_stream = ""  # the state a restored checkpoint held for this host's stream
+        self.restored_note = ""  # what a checkpoint of the other backend could not bring
         self.last_good: str | None = None
         self.saved_step: int | None = None  # the step the last regular save wrote
         self.names = {p: strategy.plain_name(n) for n, p in model.named_parameters()}
@@ -133,6 +137,7 @@ class Checkpointer:
         groups = self.optimizer.state_dict()["param_groups"]
         return {
             **model_state(self.strategy, self.model),
+            "backend": BACKEND,
             "optimizer": {"state": self.optimizer_state(), "param_groups": groups},
             "scheduler": self.scheduler.state_dict(),
             "progress": progress.to_dict(),
@@ -176,6 +181,10 @@ class Checkpointer:
             state["rng"] = {}  # saved by fewer hosts: this one keeps its own generators
         if f"data.{host}.stream" not in saved_keys(path):
             state["data"] = {}  # saved before streams were, or by fewer hosts: replayed
+        del state["backend"]  # read apart (older checkpoints do not name it)
+        written_by = _written_by(path)
+        if written_by != BACKEND and state["rng"]:
+            del state["rng"][host][DEVICE_RNG]  # the other backend's generator: not ours
         step = posixpath.basename(path.rstrip("/"))
         with self.timed("restore", int(step) if step.isdigit() else 0, path):
             read(path, state)
@@ -188,14 +197,22 @@ class Checkpointer:
         for group, saved in zip(
             self.optimizer.param_groups, state["optimizer"]["param_groups"], strict=True
         ):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+            group.update({k: v for k, v in saved.items() if k not in _HOW_IT_COMPUTES})
         self.scheduler.load_state_dict(state["scheduler"])
         self.restored_stream = str(state["data"].get(host, {}).get("stream", ""))
         rng = state["rng"].get(host)
         if rng is not None:
-            restore_rng_states(rng)
+            restore_rng_states(rng, device=written_by == BACKEND)
+        progress = Progress.from_dict(state["progress"])
+        if written_by != BACKEND:
+            seed = int(self.config["seed"])
+            restart_device_rng(seed, progress.step)
+            self.restored_note = (
+                f"checkpoint written by {written_by}: its device RNG state does not carry to "
+                f"{BACKEND}; restarted from seed {seed} at step {progress.step}"
+            )
         self.last_good = path
-        return Progress.from_dict(state["progress"])
+        return progress
 
     def reached_preemption(self, step: int) -> bool:
         return self.steps.reached_preemption(step)
@@ -205,6 +222,20 @@ class Checkpointer:
         with self.timed("save", self.saved_step or 0, self.steps.directory):
             self.steps.finish()
             self.best.finish()
+
+
+# An optimizer group's entries that say how this backend computes the update (on the device or
+# the host), not where the training is: a checkpoint of the other backend keeps its own.
+_HOW_IT_COMPUTES = {"params", "capturable", "foreach", "fused", "differentiable"}
+
+
+def _written_by(path: str) -> str:
+    """The backend that wrote a checkpoint (checkpoints that do not say: this one)."""
+    if "backend" not in saved_keys(path):
+        return BACKEND
+    header: dict[str, Any] = {"backend": None}
+    read(path, header)
+    return str(header["backend"])
 
 
 def _block(value: Any, index: int | None) -> Any:

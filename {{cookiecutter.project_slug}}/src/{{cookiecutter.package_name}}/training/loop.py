@@ -116,6 +116,8 @@ def fit(
         reporter.line(
             f"resuming at step {progress.step} (epoch {progress.epoch}) from {resume_from}"
         )
+        if saver.restored_note:
+            reporter.line(saver.restored_note)
 
     # ---- the loop ------------------------------------------------------------------
     diverged: list[int] = []  # steps whose logged loss was NaN or infinite

@@ -43,6 +43,10 @@ class Progress:
         )
 
 
+# The device generator's entry: its state means something to the backend that wrote it only.
+DEVICE_RNG = "xla"
+
+
 def rng_states() -> dict[str, Any]:
     """Every random generator a run draws from, in a form `weights_only` loading accepts."""
     py_version, py_state, _ = random.getstate()
@@ -54,15 +58,23 @@ def rng_states() -> dict[str, Any]:
         "numpy": torch.from_numpy(np_keys.astype(np.int64)),
         "numpy_pos": int(np_pos),
         "torch": torch.get_rng_state(),
-        "xla": ops.rng_state(),
+        DEVICE_RNG: ops.rng_state(),
     }
 
 
-def restore_rng_states(rng: dict[str, Any]) -> None:
-    """Put every generator back where `rng_states()` found it."""
+def restore_rng_states(rng: dict[str, Any], device: bool = True) -> None:
+    """Put every generator back where `rng_states()` found it (the host's alone: `device`
+    False, for a checkpoint another backend wrote)."""
     random.setstate((rng["python_version"], tuple(rng["python"]), None))
     np.random.set_state(
         ("MT19937", rng["numpy"].numpy().astype(np.uint32), rng["numpy_pos"], 0, 0.0)
     )
     torch.set_rng_state(rng["torch"])
-    ops.set_rng_state(rng["xla"])
+    if device:
+        ops.set_rng_state(rng[DEVICE_RNG])
+
+
+def restart_device_rng(seed: int, step: int) -> None:
+    """Seed the device generator from the run's seed and step: a resumed run another backend
+    started draws the same numbers every time it resumes there, and not step 0's again."""
+    ops.set_rng_state((seed * 1_000_003 + step) % 2**63)

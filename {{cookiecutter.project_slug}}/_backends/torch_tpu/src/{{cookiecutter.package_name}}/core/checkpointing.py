@@ -23,27 +23,9 @@ def read(location: str, state: dict[str, Any]) -> None:
     Tensors in `state` receive the saved values (DTensors as they are sharded now,
     whatever the layout at save time); other entries are replaced by the saved objects
     (a `None` entry naming a table receives the whole table). Entries of the checkpoint
-    that `state` does not name are not read.
+    that `state` does not name are not read. Either backend's checkpoints read here.
     """
-    keys = files.flat_keys(location)
-    for name, value in list(state.items()):
-        if value is None and name not in keys:
-            state[name] = _table(name, keys)
     files.load(location, state, _load_planner(state))
-
-
-def _table(name: str, keys: set[str]) -> dict[str, Any]:
-    """The nested tables under `name` that the saved keys spell, their leaves None."""
-    table: dict[str, Any] = {}
-    for key in keys:
-        if not key.startswith(f"{name}."):
-            continue
-        *path, leaf = key[len(name) + 1 :].split(".")
-        inner = table
-        for part in path:
-            inner = inner.setdefault(part, {})
-        inner[leaf] = None
-    return table
 
 
 def _load_planner(state: dict[str, Any]) -> Any:
