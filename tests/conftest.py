@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from helpers import BIN_DIR, COMBOS, TEMPLATE_DIR, Baked, load_hook, tool_env
-from users_shell import InstalledBake, install_the_users_way
+from users_shell import InstalledBake, install_once_the_users_way
 
 # cookiecutter puts the template's root on sys.path while it renders, so that
 # `_extensions` (local_extensions.py) import; pytest-cookies and the tests that
@@ -58,7 +58,7 @@ def torch_tpu_installed(
 ) -> InstalledBake:
     """The torch_tpu bake after its `make install` the user's way (torch 2.13, no torch-tpu):
     its suite runs there, and its environment is the gcloud tier's TorchTPU worker image."""
-    return install_the_users_way(bake_combo, "torch-tpu-lm", tmp_path_factory.mktemp("torch-tpu"))
+    return install_once_the_users_way(bake_combo, "torch-tpu-lm", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

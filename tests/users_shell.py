@@ -3,6 +3,7 @@ it, and commands run to their end there (the bakes installed and tested the user
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -95,3 +96,28 @@ def install_the_users_way(
     shutil.copytree(baked.path, project)
     run(["make", "install"], project, env, timeout=1800)
     return InstalledBake(project, env)
+
+
+def install_once_the_users_way(
+    bake_combo: Callable[[str], Baked], combo: str, factory: pytest.TempPathFactory
+) -> InstalledBake:
+    """`install_the_users_way` done once for the whole session, by whichever pytest-xdist
+    worker asks first: the others wait for it and share the installed project (a venv of
+    torch is gigabytes and minutes). Its users read it; none writes into it but its own
+    `make test`."""
+    from filelock import FileLock
+
+    base = factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = root / f"installed-{combo}"
+    with FileLock(f"{folder}.lock"):
+        marker = folder / "installed.json"
+        if marker.exists():
+            env = with_python("3.11", users_shell())
+            assert env is not None
+            return InstalledBake(Path(json.loads(marker.read_text())["project"]), env)
+        shutil.rmtree(folder, ignore_errors=True)  # a failed attempt's remains
+        folder.mkdir()
+        installed = install_the_users_way(bake_combo, combo, folder)
+        marker.write_text(json.dumps({"project": str(installed.project)}))
+        return installed

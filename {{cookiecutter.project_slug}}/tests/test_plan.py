@@ -582,7 +582,8 @@ def test_host_ram_is_the_baseline_and_the_largest_tensor_read_and_converted() ->
     baseline = host_memory.BASELINE_BYTES[tpu_generations.BACKEND] + host_memory.HUGGING_FACE_BYTES
     # One process per host under torch_xla, one per device under torch_tpu.
     processes = host_memory.processes_per_host(Accelerator.parse(report["accelerator_type"]))
-    assert host["processes_per_host"] == processes and host["baseline_bytes_per_process"] == baseline
+    assert host["processes_per_host"] == processes
+    assert host["baseline_bytes_per_process"] == baseline
     # bf16-mixed keeps fp32 weights: 2 bytes read per element, 4 once converted.
     assert host["loading"]["total_bytes"] == processes * (baseline + largest * 2 + largest * 4)
     writer = host_memory.WRITE_BUFFER_BYTES

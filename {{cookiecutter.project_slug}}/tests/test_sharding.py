@@ -128,7 +128,11 @@ def train(folder: Path, *args: str, **overrides: Any) -> dict[str, Any]:
 
 
 def on_mesh(mesh: str) -> tuple[str, ...]:
-    return ("--devices", "8", "--strategy", "fsdp", "--mesh", mesh, "--batch-size", "2")
+    """The flags of a run on 8 devices at GLOBAL_BATCH: batch_size is per device of the data
+    axes (a tensor group shares its samples)."""
+    tensor = int(mesh.rpartition("tensor=")[2]) if "tensor=" in mesh else 1
+    batch = str(GLOBAL_BATCH * tensor // 8)
+    return ("--devices", "8", "--strategy", "fsdp", "--mesh", mesh, "--batch-size", batch)
 
 
 @pytest.fixture(scope="module")

@@ -84,12 +84,15 @@ def _pending_python_tensors() -> bool:
 
     with warnings.catch_warnings():  # isinstance() on deprecated torch objects warns
         warnings.simplefilter("ignore", FutureWarning)
-        tensors = [
-            obj
-            for obj in gc.get_objects()
-            if isinstance(obj, torch.Tensor) and obj.device.type == "xla"
-        ]
+        tensors = [obj for obj in gc.get_objects() if _on_xla(obj)]
     return any(_xlac()._check_tensor_need_materialization(tensors))
+
+
+def _on_xla(obj: object) -> bool:
+    try:
+        return isinstance(obj, torch.Tensor) and obj.device.type == "xla"
+    except RuntimeError:  # a tensor subclass without a device of its own: not the step's
+        return False
 
 
 class ReplayedStep(CompiledStep):
