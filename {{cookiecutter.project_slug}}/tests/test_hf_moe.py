@@ -309,7 +309,7 @@ def logits_of_checkpoint(location: str) -> dict[str, Any]:
     from {{ cookiecutter.package_name }}.tasks import load_task
     from {{ cookiecutter.package_name }}.training import build_config, plan_of
     from {{ cookiecutter.package_name }}.training.checkpoint import load_weights, read_config
-    from {{ cookiecutter.package_name }}.training.model import build_model
+    from {{ cookiecutter.package_name }}.training.model import build, read_over
 
     _, saved = read_config(location)
     one_device = {"devices": "1", "strategy": "single", "mesh": "", "precision": "32-true"}
@@ -317,8 +317,9 @@ def logits_of_checkpoint(location: str) -> dict[str, Any]:
     plan = plan_of(config)
 
     def logits(config: Any, plan: Any) -> dict[str, Any]:
-        model = build_model(load_task(config.task, options=config.task_options), config)
-        model, _ = plan.strategy.setup_model(model)
+        # As the run built it: a LoRA checkpoint holds its adapters, the base comes from here.
+        built = build(load_task(config.task, options=config.task_options), config)
+        model, _ = plan.strategy.setup_model(built.model, source=read_over(built))
         load_weights(location, plan.strategy, model)
         device = next(model.parameters()).device
         with torch.no_grad():
