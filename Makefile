@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # Workers `make test` and `test-fast` run the test files on, each file whole on one worker
 # (its module fixtures, the gcloud tier's sshds, the Docker daemon stay one); 0: serially.
 TEST_JOBS ?= 2
-PARALLEL = -n $(TEST_JOBS) --dist loadfile
+PARALLEL = -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 # Where torch comes from; empty: the package index. The CPU build saves ~3 GB of CUDA
 # libraries where https://download.pytorch.org/whl/cpu is reachable (see README).
 TORCH_INDEX_URL ?=
@@ -46,8 +46,8 @@ test: $(STAMP) $(SKY_STAMP) ## Run every template test (sets itself up on a fres
 test-pythons: $(STAMP) ## Bakes for Python 3.10 and 3.12: make install && make test-fast, the user's way
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m pythons $(PYTEST_ARGS)
 
-test-full: $(STAMP) ## The torch_tpu bake's whole suite (make test runs its quick tier), the user's way
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m full $(PYTEST_ARGS)
+test-full: $(STAMP) ## What make test leaves out: whole bake suites, torch_tpu hf, cross-backend resume (over an hour)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m full $(PARALLEL) $(PYTEST_ARGS)
 
 test-fast: $(STAMP) $(SKY_STAMP) ## The template tests without the Docker and gcloud tiers and the baked suites
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest tests -m "not docker and not gcloud and not suite and not pythons and not full" $(PARALLEL) $(PYTEST_ARGS)

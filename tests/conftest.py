@@ -112,8 +112,28 @@ def run_cookiecutter(
     return run
 
 
+# The files by how long they run, longest first (`make test`'s, then `make test-full`'s).
+# pytest-xdist hands each worker a file whole, in this order (`--no-loadscope-reorder`; by
+# default it starts the files of many tests first, which put the single-test bake suites of
+# half an hour at the end, one after another on one worker).
+# A worker takes its next file while its first runs: a short one each, so that neither holds
+# a long file back behind half an hour.
+LONGEST_FIRST = (
+    "test_users_way.py",
+    "test_users_way_torch_tpu.py",
+    "test_template_repo.py",
+    "test_spot_task.py",
+    "test_baked_suites.py",
+    "test_docker.py",
+    "test_gcloud.py",
+    "test_baked_project.py",
+    "test_users_way_torch_tpu_hf.py",
+    "test_cross_backend.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files that run a bake's whole suite start first (each worker runs a file whole):
-    the longest jobs begin at once, and the two workers finish near each other."""
-    long_files = {item.path for item in items if item.get_closest_marker("suite")}
-    items.sort(key=lambda item: item.path not in long_files)
+    """The longest files start first: the two workers begin on the two longest and finish
+    near each other."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

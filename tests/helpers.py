@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -136,3 +137,17 @@ def pytest_summary(output: str) -> dict[str, int]:
     lines = [line for line in output.strip().splitlines() if re.search(r"\d+ \w+ in [\d.]+s", line)]
     assert lines, f"no pytest summary in:\n{output[-3000:]}"
     return {word: int(count) for count, word in re.findall(r"(\d+) (\w+)", lines[-1])}
+
+
+def project_env(baked: Baked, **extra: str) -> dict[str, str]:
+    """Environment that imports the baked package from src/ on XLA:CPU."""
+    return tool_env(PYTHONPATH=str(baked.path / "src"), PJRT_DEVICE="CPU", **extra)
+
+
+def run(
+    command: list[str], env: dict[str, str], cwd: Path | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run a command to completion, capturing its text output."""
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )

@@ -1,74 +1,25 @@
-"""A baked project runs: its own test suite passes and its commands start."""
+"""A baked project runs: it is lint-clean, and its commands start and install."""
 
 from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from helpers import Baked, pytest_summary, tool_env
+from helpers import Baked, project_env, run, tool_env
 
-# What each bake runs of its own suite beside the default bake's, which runs whole and the
-# user's way (test_users_way.py): the hf-causal-lm bake its Hugging Face tests whole and the
-# quick tier of the tests its task changes; the vision bake the quick tier of those; the
-# ddp/bf16-true bake the tests that read its baked strategy, precision and accelerator type.
-SUITE_COMBOS = {
-    "hf-causal-lm-fsdp-bf16-mixed": "-m 'hf or not slow' tests/test_hf_models.py "
-    "tests/test_hf_moe.py tests/test_lora.py tests/test_hf_export.py "
-    "tests/test_pretrained_weights.py tests/test_task_hf_causal_lm.py "
-    "tests/test_data_prepare.py tests/test_data_training.py tests/test_trainer.py "
-    "tests/test_fsdp.py tests/test_precision.py tests/test_cli.py tests/test_makefile.py "
-    "tests/test_readme.py tests/test_doc_links.py",
-    "vision-bf16-mixed-spmd": "-m 'not slow' tests/test_task_vision.py tests/test_trainer.py "
-    "tests/test_strategy.py tests/test_precision.py tests/test_evaluation.py tests/test_cli.py "
-    "tests/test_makefile.py tests/test_readme.py tests/test_doc_links.py",
-    "v4-8-ddp-bf16-true": "-m 'not slow' tests/test_pod.py tests/test_runtime.py "
-    "tests/test_strategy.py tests/test_precision.py tests/test_dockerfile.py "
-    "tests/test_startup_script.py tests/test_scan.py",
-}
-LINT_COMBOS = ["default-lm", *SUITE_COMBOS]
+# The bakes whose suites run (test_baked_suites.py, test_users_way.py), each lint-clean.
+LINT_COMBOS = [
+    "default-lm",
+    "hf-causal-lm-fsdp-bf16-mixed",
+    "vision-bf16-mixed-spmd",
+    "v4-8-ddp-bf16-true",
+]
 CLI_COMBOS = ["default-lm", "v5litepod-32-own-names"]
-
-
-def project_env(baked: Baked, **extra: str) -> dict[str, str]:
-    """Environment that imports the baked package from src/ on XLA:CPU."""
-    return tool_env(PYTHONPATH=str(baked.path / "src"), PJRT_DEVICE="CPU", **extra)
-
-
-def run(
-    command: list[str], env: dict[str, str], cwd: Path | None = None, timeout: int = 300
-) -> subprocess.CompletedProcess[str]:
-    """Run a command to completion, capturing its text output."""
-    return subprocess.run(
-        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-@pytest.mark.suite
-@pytest.mark.parametrize("combo", SUITE_COMBOS)
-def test_baked_project_test_suite_passes(combo: str, bake_combo: Callable[[str], Baked]) -> None:
-    """It passes the baked project's own test suite on XLA:CPU."""
-    baked = bake_combo(combo)
-    assert baked.exit_code == 0, baked.exception
-    selection = f" {SUITE_COMBOS[combo]}"
-    # The project's own `make test`, pointed at this interpreter's environment.
-    result = run(
-        ["make", "test", f"VENV={sys.prefix}", f"PYTEST_ARGS=-q -x -p no:cacheprovider{selection}"],
-        project_env(baked),
-        cwd=baked.path,
-        timeout=2400,
-    )
-    output = result.stdout + result.stderr
-    summary = pytest_summary(result.stdout)
-    assert result.returncode == 0, output[-5000:]
-    assert summary.get("passed", 0) > 0, output[-3000:]
-    problems = {word: n for word, n in summary.items() if word.startswith(("failed", "error"))}
-    assert not problems, output[-5000:]
 
 
 @pytest.mark.parametrize("combo", LINT_COMBOS)

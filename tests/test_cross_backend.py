@@ -15,7 +15,7 @@ from users_shell import InstalledBake
 BAKE_TEST = "tests/test_cross_backend.py"
 
 
-@pytest.mark.suite
+@pytest.mark.full
 def test_each_backend_resumes_the_others_checkpoint(
     bake_combo: Callable[[str], Baked], torch_tpu_installed: InstalledBake
 ) -> None:

@@ -14,33 +14,34 @@ from docker_engine import host_index_url
 from helpers import Baked, pytest_summary
 from users_shell import run, users_shell, with_python
 
-# Per Python version: the combination baked for it, the tests its run selects, and whether
-# torch comes through TORCH_INDEX_URL (here the host's own index: PyTorch's CPU index is out
-# of this machine's reach). The default bake runs its whole suite; the others the quick tier.
+# Per run: the Python it bakes for, the combination baked, the tests its run selects, and
+# whether torch comes through TORCH_INDEX_URL (here the host's own index: PyTorch's CPU index
+# is out of this machine's reach). `make test` runs the default bake's quick tier (every test
+# file, the multi-run end-to-end trainings aside); `make test-full` its whole suite;
+# `make test-pythons` the quick tier of bakes for the other two Pythons.
 USERS_WAY = {
-    "3.11": ("default-lm", "", False),
-    "3.10": ("v2-8-legacy-runtime-py310", "not slow", False),
-    "3.12": ("v6e-8-vision-py312", "not slow", True),
+    "3.11-quick": ("3.11", "default-lm", "not slow", False),
+    "3.11-whole": ("3.11", "default-lm", "", False),
+    "3.10": ("3.10", "v2-8-legacy-runtime-py310", "not slow", False),
+    "3.12": ("3.12", "v6e-8-vision-py312", "not slow", True),
 }
-# `make test` runs the default bake (its whole suite); `make test-pythons` the other two.
-OTHER_PYTHONS = pytest.mark.pythons
+MARKS = {"3.11-quick": pytest.mark.suite, "3.11-whole": pytest.mark.full}
 # What the tests of a bake call by name: on PATH only through the bake's own environment.
 TOOLS = ("hadolint", "shellcheck", "ruff", "pre-commit")
 
 
-@pytest.mark.suite
 @pytest.mark.parametrize(
-    "python", [p if p == "3.11" else pytest.param(p, marks=OTHER_PYTHONS) for p in USERS_WAY]
+    "run_id", [pytest.param(r, marks=MARKS.get(r, pytest.mark.pythons)) for r in USERS_WAY]
 )
 def test_bake_installs_and_passes_its_suite_from_a_plain_shell(
-    python: str, bake_combo: Callable[[str], Baked], tmp_path: Path
+    run_id: str, bake_combo: Callable[[str], Baked], tmp_path: Path
 ) -> None:
     """It passes a bake's `make install && make test` in the bake's own venv, not activated."""
+    python, combo, selection, torch_index = USERS_WAY[run_id]
     found = with_python(python, users_shell())
     if found is None:
         pytest.skip(f"python{python} is not on this machine")
     env = found
-    combo, selection, torch_index = USERS_WAY[python]
     baked = bake_combo(combo)
     assert baked.exit_code == 0, baked.exception
     assert baked.context["python_version"] == python

@@ -22,7 +22,7 @@ TORCH_TPU_HF_QUICK = (
 )
 
 
-@pytest.mark.suite
+@pytest.mark.full
 def test_torch_tpu_hf_bake_installs_and_passes_its_suite_from_a_plain_shell(
     bake_combo: Callable[[str], Baked], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
