@@ -9,12 +9,12 @@ import pytest
 
 from helpers import Baked, project_env, pytest_summary, run
 
-# What each bake runs of its own suite beside the default bake's, which runs the user's way
-# (test_users_way.py): the hf-causal-lm bake the quick tier of the tests its task changes
-# and of its docs (`make test-full`: their slow tier, each decoder and mixture trained under
-# fsdp, and the shared tests the default bake runs, here with a model's own tokenizer); the
-# vision bake the quick tier of those; the ddp/bf16-true bake the tests that read its baked
-# strategy, precision and accelerator type.
+# What the bakes beside the default one (which runs the user's way, test_users_way.py) run
+# of their suites. `make test`: the hf-causal-lm bake's quick tier of the tests its task
+# changes and of its docs. `make test-full`: their slow tier (each decoder and mixture
+# trained under fsdp) and the shared tests with a model's own tokenizer; the vision bake's
+# quick tier of the tests its task changes; the ddp/bf16-true bake's tests that read its
+# baked strategy, precision and accelerator type.
 HF_FILES = (
     "tests/test_hf_models.py tests/test_hf_moe.py tests/test_lora.py tests/test_hf_export.py "
     "tests/test_pretrained_weights.py tests/test_task_hf_causal_lm.py"
@@ -26,15 +26,24 @@ HF_SHARED = (
 SUITE_COMBOS = {
     "hf-causal-lm-fsdp-bf16-mixed": f"-m 'not slow' {HF_FILES} tests/test_cli.py "
     "tests/test_readme.py tests/test_doc_links.py",
-    "vision-bf16-mixed-spmd": "-m 'not slow' tests/test_task_vision.py tests/test_trainer.py "
-    "tests/test_strategy.py tests/test_precision.py tests/test_evaluation.py tests/test_cli.py "
-    "tests/test_makefile.py tests/test_readme.py tests/test_doc_links.py",
-    "v4-8-ddp-bf16-true": "-m 'not slow' tests/test_pod.py tests/test_runtime.py "
-    "tests/test_strategy.py tests/test_precision.py tests/test_dockerfile.py "
-    "tests/test_startup_script.py tests/test_scan.py",
 }
 HF = "hf-causal-lm-fsdp-bf16-mixed"
-FULL_COMBOS = {f"{HF}-slow": (HF, f"-m slow {HF_FILES}"), f"{HF}-shared": (HF, HF_SHARED)}
+FULL_COMBOS = {
+    f"{HF}-slow": (HF, f"-m slow {HF_FILES}"),
+    f"{HF}-shared": (HF, HF_SHARED),
+    "vision-bf16-mixed-spmd": (
+        "vision-bf16-mixed-spmd",
+        "-m 'not slow' tests/test_task_vision.py tests/test_trainer.py tests/test_strategy.py "
+        "tests/test_precision.py tests/test_evaluation.py tests/test_cli.py "
+        "tests/test_makefile.py tests/test_readme.py tests/test_doc_links.py",
+    ),
+    "v4-8-ddp-bf16-true": (
+        "v4-8-ddp-bf16-true",
+        "-m 'not slow' tests/test_pod.py tests/test_runtime.py tests/test_strategy.py "
+        "tests/test_precision.py tests/test_dockerfile.py tests/test_startup_script.py "
+        "tests/test_scan.py",
+    ),
+}
 SUITE_RUNS = [pytest.param(c, SUITE_COMBOS[c], marks=pytest.mark.suite, id=c) for c in SUITE_COMBOS]
 FULL_RUNS = [pytest.param(*FULL_COMBOS[i], marks=pytest.mark.full, id=i) for i in FULL_COMBOS]
 
