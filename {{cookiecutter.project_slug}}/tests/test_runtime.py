@@ -2,6 +2,7 @@
 one table, and reports the step's health."""
 
 import json
+import platform
 import re
 from pathlib import Path
 
@@ -213,3 +214,42 @@ def test_guard_flags_a_host_transfer(device, compiled):
 
     with pytest.raises(HealthError, match=TRANSFER), StepGuard():
         compiled(lambda: step().item())()
+
+
+GLIBC_THRESHOLD = """
+import ctypes, json, os, sys
+from {{ cookiecutter.package_name }}.core import launcher
+if sys.argv[1] == "fixed":
+    launcher.give_back_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.free(ctypes.c_void_p(libc.malloc(4 << 20)))  # freed: glibc raises its threshold to 4 MiB
+before = libc.mallinfo2().hblks  # mappings in use
+blocks = [libc.malloc(1 << 20) for _ in range(8)]  # 1 MiB each
+mapped = libc.mallinfo2().hblks - before
+print(json.dumps({"mapped": mapped, "variable": os.environ.get("MALLOC_MMAP_THRESHOLD_")}))
+"""
+
+
+LIBC, LIBC_VERSION = platform.libc_ver()
+
+
+@pytest.mark.skipif(
+    LIBC != "glibc" or tuple(int(part) for part in LIBC_VERSION.split(".")[:2]) < (2, 33),
+    reason="glibc's malloc, 2.33 or later (mallinfo2)",
+)
+def test_a_run_gives_freed_blocks_back_to_the_system(python_subprocess):
+    """It fixes glibc's mmap threshold for a run's processes: a block of a MiB is its own
+    mapping (given back when freed) even after a larger block was freed, where glibc would
+    otherwise serve it from a heap that keeps it."""
+    found = {
+        case: python_subprocess(["-c", GLIBC_THRESHOLD, case], unset=("MALLOC_MMAP_THRESHOLD_",))
+        for case in ("default", "fixed")
+    }
+    assert found["default"]["mapped"] == 0, found
+    assert found["fixed"]["mapped"] >= 8 and found["fixed"]["variable"] == "131072", found

@@ -77,3 +77,25 @@ def test_no_torch_xla_in_the_package():
     # BlockStack's scan, refused above before it runs; attention's flash kernel and mesh,
     # reached only by tensors on an XLA device.
     assert sorted(found) == ["core/attention.py", "core/layers.py"]
+
+
+def test_fsdp_gives_the_embedding_and_an_untied_head_units_of_their_own():
+    """It shards a decoder's embedding and head apart from what the model's own unit keeps
+    gathered (norms), and leaves a head tied to the embedding in the model's unit."""
+    from torch import nn
+
+    from {{ cookiecutter.package_name }}.core.strategies.fsdp import _outer_units
+
+    class Decoder(nn.Module):
+        def __init__(self, tied: bool) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(32, 8)
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8)) for _ in range(2))
+            self.norm = nn.LayerNorm(8)
+            self.head = nn.Linear(8, 32, bias=False)
+            if tied:
+                self.head.weight = self.embed.weight
+
+    untied, tied = Decoder(tied=False), Decoder(tied=True)
+    assert _outer_units(untied, list(untied.blocks)) == [untied.embed, untied.head]
+    assert _outer_units(tied, list(tied.blocks)) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,4 +60,26 @@ def launch(
     fn: Callable[..., Any], plan: Plan, args: tuple[Any, ...] = (), start_method: str = "spawn"
 ) -> Any:
     """Run `fn(*args)` as the plan's strategy runs: in-process, one process per device, SPMD."""
+    give_back_freed_memory()
     return plan.strategy.launch(fn, args, start_method)
+
+
+# glibc's malloc serves a block under its mmap threshold from its heaps, one per thread
+# that allocates, and raises the threshold (up to 32 MiB) each time a larger block is freed.
+# The blocks a run allocates and frees again and again (a loaded slice, FSDP's gathered
+# layers and unreduced gradients, host buffers on their way to a device) then stay in the
+# heaps of the threads that freed them. A 415M model's fine-tuning on 4 CPU processes
+# (torch_tpu, fsdp) peaked 2.3 to 2.9 GiB per process above a tiny model's run; with the
+# threshold fixed at glibc's own starting value (every block above it goes back to the
+# system when freed) and the embedding and head FSDP units of their own, 1.3 GiB.
+MMAP_THRESHOLD = 128 * 1024
+M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
+
+
+def give_back_freed_memory() -> None:
+    """Fix glibc's mmap threshold in this process and the processes it starts (their
+    `MALLOC_MMAP_THRESHOLD_`, unless set); nothing where the C library is not glibc."""
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        threshold = int(os.environ["MALLOC_MMAP_THRESHOLD_"])
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold)

@@ -1,8 +1,8 @@
 """fsdp: parameters, gradients and optimizer state sharded by FSDP2, with a `tensor` axis
 through DTensor's tensor parallelism, on a device mesh.
 
-`mesh = "fsdp=4"`: `fully_shard` on every repeated block and on the model (each process
-holds a quarter of every parameter, gathered for use); `data=2,fsdp=2`: HSDP, replicas of
+`mesh = "fsdp=4"`: `fully_shard` on every repeated block, on the embedding and the head,
+and on the model (each process holds a quarter of every parameter, gathered for use); `data=2,fsdp=2`: HSDP, replicas of
 a model sharded two ways; `fsdp=2,tensor=2`: a 2-D mesh, the layers the sharding rules
 split over `tensor` run tensor-parallel (`parallelize_module`: a rule splitting a Linear's
 output rows over `tensor` makes it column-wise, its input columns row-wise; an Embedding
@@ -110,8 +110,9 @@ class FullyShardedDataParallel(interface.OnMesh, ProcessPerDevice):
             self.recompute_blocks(model, block_class)
         data_axes = tuple(axis for axis, _ in self.mesh_shape() if axis in BATCH_AXES)
         mesh = self.mesh()[data_axes] if len(self.mesh_shape()) > 1 else self.mesh()
-        for block in blocks_of(model, block_class):
-            fully_shard(block, mesh=mesh)
+        blocks = blocks_of(model, block_class)
+        for unit in [*blocks, *_outer_units(model, blocks)]:
+            fully_shard(unit, mesh=mesh)
         fully_shard(model, mesh=mesh)
         if meta:
             assert source is not None
@@ -216,6 +217,29 @@ class FullyShardedDataParallel(interface.OnMesh, ProcessPerDevice):
         group = self._groups.get(runtime.global_ordinal() % self.tensor_size())
         dist.all_reduce(reduced, group=group)
         return reduced
+
+
+def _outer_units(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """The embeddings and Linear layers outside the repeated blocks (a decoder's embedding
+    and head), each an FSDP2 unit of its own, as torchtitan shards them: gathered for its
+    own use and freed after it, where the model's own unit (what is left: norms) stays
+    gathered from the forward to the backward pass. A layer sharing a parameter with
+    another (a head tied to the embedding) stays in the model's unit."""
+    inside = {id(m) for block in blocks for m in block.modules()}
+    owners: dict[int, int] = {}  # parameter -> how many modules hold it
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            owners[id(param)] = owners.get(id(param), 0) + 1
+    units = []
+    for module in model.modules():
+        if module is model or id(module) in inside:
+            continue
+        if not isinstance(module, (nn.Embedding, nn.Linear)):
+            continue
+        own = list(module.parameters(recurse=False))
+        if own and all(owners[id(param)] == 1 for param in own):
+            units.append(module)
+    return units
 
 
 def _has_tensor(entry: Any) -> bool:
