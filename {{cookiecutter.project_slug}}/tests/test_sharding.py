@@ -224,3 +224,18 @@ def test_bad_sharding_requests_fail_in_one_line(args: list[str], start: str, tmp
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(start), lines
     assert not run_dir.exists()
 {%- endif %}
+
+
+def test_a_hosts_shards_that_tile_a_box_are_read_as_that_box():
+    """It reads the shards of one host's devices as one region when they fill it exactly
+    (each shard read apart would fetch the rows they share again: over gs:// a row's
+    columns are one request), and apart when they leave holes in it or are one."""
+    from {{ cookiecutter.package_name }}.core.strategies.spmd import _tiled_region
+
+    columns = {((0, 4), (0, 2)), ((0, 4), (2, 4)), ((0, 4), (4, 6)), ((0, 4), (6, 8))}
+    assert _tiled_region(columns) == ((0, 4), (0, 8))
+    grid = {((0, 2), (0, 4)), ((0, 2), (4, 8)), ((2, 4), (0, 4)), ((2, 4), (4, 8))}
+    assert _tiled_region(grid) == ((0, 4), (0, 8))
+    apart = {((0, 2), (0, 4)), ((2, 4), (4, 8))}  # a diagonal: half the box is another host's
+    assert _tiled_region(apart) is None
+    assert _tiled_region({((0, 4), (0, 8))}) is None

@@ -214,16 +214,26 @@ class SpmdDataParallel(interface.OnMesh, Strategy):
         indices = [index for _, index in
                    torch_xla._XLAC._get_local_shard_replica_and_indices([probe])[0]]  # fmt: skip
         del probe
+        keys = [tuple((part.start, part.stop) for part in index) for index in indices]
+        region = _tiled_region(set(keys))
+        held = None if region is None else source.read(
+            name, tuple(slice(a, b) for a, b in region), param.dtype
+        )  # fmt: skip
         read: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
         shards = []
-        for index in indices:
-            key = tuple((part.start, part.stop) for part in index)
+        for key in keys:
             if key not in read:
-                values = source.read(name, tuple(slice(a, b) for a, b in key), param.dtype)
+                if held is None:
+                    values = source.read(name, tuple(slice(a, b) for a, b in key), param.dtype)
+                else:  # a view of the host's region: its shard's rows and columns
+                    assert region is not None
+                    values = held[tuple(slice(a - r, b - r) for (a, b), (r, _) in
+                                        zip(key, region, strict=True))]  # fmt: skip
                 padded = torch.zeros(block, dtype=param.dtype)
                 padded[tuple(slice(0, n) for n in values.shape)] = values
                 read[key] = padded
             shards.append(read[key])
+        del held
         return torch_xla._XLAC._global_tensor_from_cpu_shards(shards, sharding, shape)
 
     def _constrain(self, module: nn.Module) -> None:
@@ -282,3 +292,15 @@ def _first_tensor(output: Any) -> torch.Tensor | None:
     if isinstance(output, (list, tuple)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
     return None
+
+
+def _tiled_region(keys: set[tuple[tuple[int, int], ...]]) -> tuple[tuple[int, int], ...] | None:
+    """The box this host's distinct shards fill exactly (one read serves them all, where
+    reading each apart would fetch the rows they share once per shard: over gs:// the
+    columns of one row are one request), or None when they leave holes in it."""
+    if len(keys) < 2:
+        return None
+    box = tuple((min(key[d][0] for key in keys), max(key[d][1] for key in keys))
+                for d in range(len(next(iter(keys)))))  # fmt: skip
+    volume = sum(math.prod(b - a for a, b in key) for key in keys)
+    return box if volume == math.prod(b - a for a, b in box) else None
