@@ -2,11 +2,12 @@
 through DTensor's tensor parallelism, on a device mesh.
 
 `mesh = "fsdp=4"`: `fully_shard` on every repeated block, on the embedding and the head,
-and on the model (each process holds a quarter of every parameter, gathered for use); `data=2,fsdp=2`: HSDP, replicas of
-a model sharded two ways; `fsdp=2,tensor=2`: a 2-D mesh, the layers the sharding rules
-split over `tensor` run tensor-parallel (`parallelize_module`: a rule splitting a Linear's
-output rows over `tensor` makes it column-wise, its input columns row-wise; an Embedding
-the other way round), then FSDP2 shards everything over `fsdp`. FSDP2 shards each
+and on the model (each process holds a quarter of every parameter, gathered for use);
+`data=2,fsdp=2`: HSDP, replicas of a model sharded two ways; `fsdp=2,tensor=2`: a 2-D
+mesh, the layers the sharding rules split over `tensor` run tensor-parallel
+(`parallelize_module`: a rule splitting a Linear's output rows over `tensor` makes it
+column-wise, its input columns row-wise; an Embedding the other way round), then FSDP2
+shards everything over `fsdp`. FSDP2 shards each
 parameter's first dimension: the rules' `fsdp` entries are the torch_xla backend's layout
 and do not apply here; their `tensor` entries do.
 """
@@ -230,7 +231,7 @@ def _outer_units(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
     for module in model.modules():
         for param in module.parameters(recurse=False):
             owners[id(param)] = owners.get(id(param), 0) + 1
-    units = []
+    units: list[nn.Module] = []
     for module in model.modules():
         if module is model or id(module) in inside:
             continue
