@@ -12,7 +12,7 @@ import pytest
 
 from docker_engine import host_index_url
 from helpers import Baked, pytest_summary
-from users_shell import run, users_shell, with_python
+from users_shell import WHOLE_SUITE_TIMEOUT, run, users_shell, with_python
 
 # Per run: the Python it bakes for, the combination baked, the tests its run selects, and
 # whether torch comes through TORCH_INDEX_URL (here the host's own index: PyTorch's CPU index
@@ -59,6 +59,7 @@ def test_bake_installs_and_passes_its_suite_from_a_plain_shell(
         assert (venv / "bin" / tool).is_file(), f"make install did not install {tool}"
 
     args = "-q -p no:cacheprovider" + (f" -m '{selection}'" if selection else "")
-    output = run(["make", "test", f"PYTEST_ARGS={args}"], project, env, timeout=2400)
+    timeout = 2400 if selection else WHOLE_SUITE_TIMEOUT
+    output = run(["make", "test", f"PYTEST_ARGS={args}"], project, env, timeout=timeout)
     counts = pytest_summary(output)
     assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from helpers import pytest_summary
-from users_shell import InstalledBake, run
+from users_shell import WHOLE_SUITE_TIMEOUT, InstalledBake, run
 
 
 def installed_torch_2_13(installed: InstalledBake) -> None:
@@ -59,7 +59,8 @@ def test_torch_tpu_bake_installs_and_passes_its_whole_suite_from_a_plain_shell(
     trainings included (`make test-full`: half an hour more on two cores)."""
     installed_torch_2_13(torch_tpu_installed)
     project, env = torch_tpu_installed.project, torch_tpu_installed.env
-    output = run(["make", "test", "PYTEST_ARGS=-q -p no:cacheprovider"], project, env, 3600)
+    args = "PYTEST_ARGS=-q -p no:cacheprovider"
+    output = run(["make", "test", args], project, env, WHOLE_SUITE_TIMEOUT)
     counts = pytest_summary(output)
     assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
     assert not counts.get("deselected") and not counts.get("error"), output[-3000:]

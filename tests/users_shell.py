@@ -17,6 +17,10 @@ import pytest
 
 from helpers import Baked
 
+# Seconds a bake's whole `make test` may take: serial, its slow end-to-end trainings
+# included, beside another of these runs on two cores.
+WHOLE_SUITE_TIMEOUT = 5400
+
 
 def users_shell() -> dict[str, str]:
     """This machine's environment as a fresh shell has it: no venv active, none on PATH."""

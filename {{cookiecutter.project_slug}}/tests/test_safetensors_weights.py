@@ -240,15 +240,15 @@ def test_header_longer_than_its_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_quantized_tensor_for_a_float_parameter_is_refused(tmp_path: Path) -> None:
-    """It refuses int8 values for a float parameter, naming key, stored and target dtypes."""
+    """It refuses int8 values for a float parameter, naming the key and the stored dtype."""
     values = checkpoint_values()
     values["blocks.2.weight"] = values["blocks.2.weight"].to(torch.int8)
     folder = save_sharded(values, tmp_path / "saved")
     with pytest.raises(WeightsError) as error:
         open_pretrained(str(folder), meta_tiny())
     message = str(error.value)
-    assert "blocks.2.weight is stored as I8, which the model's blocks.2.weight (float32) cannot " \
-           "take; a quantized checkpoint is not read" in message  # fmt: skip
+    assert "blocks.2.weight is stored as I8, which the model's blocks.2.weight (floating point) " \
+           "cannot take; a quantized checkpoint is not read" in message  # fmt: skip
     assert "\n" not in message
 
 
@@ -258,7 +258,7 @@ def test_float8_tensor_for_a_float_parameter_is_refused(tmp_path: Path) -> None:
     values["experts"] = values["experts"].to(torch.float8_e4m3fn)
     folder = save_sharded(values, tmp_path / "saved")
     with pytest.raises(WeightsError, match=r"experts is stored as F8_E4M3, which the model's "
-                                           r"experts \(float32\) cannot take"):  # fmt: skip
+                                           r"experts \(floating point\) cannot take"):  # fmt: skip
         open_pretrained(str(folder), meta_tiny())
 
 

@@ -194,9 +194,11 @@ def refuse_dtype(folder: Folder, stored: Stored, name: str, target: torch.dtype)
             if target.is_floating_point
             else "save the checkpoint again from this model"
         )
+        # A float tensor's dtype is the precision's to choose (fp32 masters, bf16): any float.
+        kind = "floating point" if target.is_floating_point else str(target).removeprefix("torch.")
         raise WeightsError(
             f"{folder.join(stored.file)}: {stored.key} is stored as {stored.dtype}, which the "
-            f"model's {name} ({str(target).removeprefix('torch.')}) cannot take; {hint}"
+            f"model's {name} ({kind}) cannot take; {hint}"
         )
 
 

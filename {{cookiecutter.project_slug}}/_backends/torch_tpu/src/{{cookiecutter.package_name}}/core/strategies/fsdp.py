@@ -6,10 +6,10 @@ and on the model (each process holds a quarter of every parameter, gathered for 
 `data=2,fsdp=2`: HSDP, replicas of a model sharded two ways; `fsdp=2,tensor=2`: a 2-D
 mesh, the layers the sharding rules split over `tensor` run tensor-parallel
 (`parallelize_module`: a rule splitting a Linear's output rows over `tensor` makes it
-column-wise, its input columns row-wise; an Embedding the other way round), then FSDP2
-shards everything over `fsdp`. FSDP2 shards each
-parameter's first dimension: the rules' `fsdp` entries are the torch_xla backend's layout
-and do not apply here; their `tensor` entries do.
+column-wise, its input columns row-wise; an Embedding the other way round; a LoRA layer's
+adapters split to match its base), then FSDP2 shards everything over `fsdp`. FSDP2 shards
+each parameter's first dimension: the rules' `fsdp` entries are the torch_xla backend's
+layout and do not apply here; their `tensor` entries do.
 """
 
 from __future__ import annotations
@@ -175,6 +175,7 @@ class FullyShardedDataParallel(interface.OnMesh, ProcessPerDevice):
                 output_split = _has_tensor(spec[0])
                 if isinstance(module, nn.Linear):
                     plan[name] = ColwiseParallel() if output_split else RowwiseParallel()
+                    plan.update(_lora_plan(block, name, output_split))
                 elif isinstance(module, nn.Embedding):
                     plan[name] = RowwiseParallel() if output_split else ColwiseParallel()
                 else:
@@ -241,6 +242,24 @@ def _outer_units(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
         if own and all(owners[id(param)] == 1 for param in own):
             units.append(module)
     return units
+
+
+def _lora_plan(block: nn.Module, name: str, output_split: bool) -> dict[str, Any]:
+    """The adapters of a peft LoRA layer whose `base_layer` (`name`) runs tensor-parallel,
+    split to give the base's output layout: beside a column-wise base, B column-wise (its
+    output rows split, A whole); beside a row-wise one, A row-wise (its input columns split,
+    its output summed over `tensor`, B whole)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    layer_name, _, leaf = name.rpartition(".")
+    if leaf != "base_layer":
+        return {}
+    side = "lora_B" if output_split else "lora_A"
+    adapters = getattr(block.get_submodule(layer_name), side, None)
+    if not isinstance(adapters, nn.ModuleDict):
+        return {}
+    style = ColwiseParallel if output_split else RowwiseParallel
+    return {f"{layer_name}.{side}.{adapter}": style() for adapter in adapters}
 
 
 def _has_tensor(entry: Any) -> bool:
