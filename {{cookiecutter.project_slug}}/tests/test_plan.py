@@ -646,7 +646,9 @@ def test_readmes_llama31_405b_with_lora_fits_v5e_256_and_its_hosts_can_load_it()
 
     assert report["parameter_count"] == count + adapters
     assert report["fits"]["with_checkpointing"] is True
-    assert report["per_device"]["gradient_bytes"] < report["per_device"]["param_bytes"] / 100
+    # Only the adapters have gradients. (FSDP2 splits each rank-16 A's first dimension 256
+    # ways: the first processes hold a whole row of each, 2.6% of the base's bytes.)
+    assert report["per_device"]["gradient_bytes"] < report["per_device"]["param_bytes"] / 20
     host = report["host_memory"]
     assert host["loading"]["tensor_bytes"] == 128256 * 16384 * 2  # an embedding, bf16
     assert host["loading"]["converted_bytes"] == 0  # lora.base_bf16: read as it is stored

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from . import state_size
+from .sharding import Spec
 from .state_size import describe as describe
 from .state_size import human as human
 
@@ -25,6 +27,18 @@ def _tiles(spec: str, dims: int) -> list[int]:
     if not match:  # unsharded, replicated or on one device: whole on every device
         return [1] * dims
     return [int(n) for n in match[1].split(",")][:dims]  # extra tile dims are replicas
+
+
+# Whether the counts include optimizer state scalars: a capturable AdamW's step counts are
+# device tensors here.
+SCALAR_STATE_COUNTED = True
+
+
+def held_spec(spec: Spec, mesh: Mapping[str, int], in_block: bool) -> Spec:
+    """How each device holds a parameter the rules lay out as `spec` (`in_block`: one of
+    the model's repeated blocks'): as they say (XLA's sharding annotation is the rules'
+    spec)."""
+    return spec
 
 
 def sharding_of(tensor: torch.Tensor) -> str:

@@ -125,14 +125,15 @@ class Rule:
         return all(w == "*" or w == p for w, p in zip(wanted, tail, strict=True))
 
     def axes(self) -> set[str]:
-        return {axis for entry in self.spec for axis in _axes_of(entry)}
+        return {axis for entry in self.spec for axis in axes_of(entry)}
 
     def applies(self, mesh: Mapping[str, int]) -> bool:
         """False where the rule splits over a model axis this mesh does not have."""
         return all(mesh.get(axis, 1) > 1 for axis in self.axes() & set(MODEL_AXES))
 
 
-def _axes_of(entry: Entry) -> tuple[str, ...]:
+def axes_of(entry: Entry) -> tuple[str, ...]:
+    """The axes a spec entry names, outermost first (none for a whole dimension)."""
     if entry is None:
         return ()
     return (entry,) if isinstance(entry, str) else tuple(entry)
@@ -186,7 +187,7 @@ def on_mesh(spec: Spec, mesh: Mapping[str, int]) -> Spec:
     """The spec with axes the mesh lacks (or has at size 1) dropped."""
     entries: list[Entry] = []
     for entry in spec:
-        kept = tuple(axis for axis in _axes_of(entry) if mesh.get(axis, 1) > 1)
+        kept = tuple(axis for axis in axes_of(entry) if mesh.get(axis, 1) > 1)
         entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
     return tuple(entries)
 
@@ -236,7 +237,7 @@ def layout(
         )
     for axis in MODEL_AXES:
         size = mesh.get(axis, 1)
-        if size > 1 and not any(axis in _axes_of(e) for s in specs.values() for e in s):
+        if size > 1 and not any(axis in axes_of(e) for s in specs.values() for e in s):
             raise RuntimeConfigError(
                 f"the mesh has {axis}={size} but no rule splits a parameter over it: "
                 f"give sharding_rules that use {axis!r}, or drop the axis"
@@ -264,7 +265,7 @@ def _check_divides(name: str, shape: Sequence[int], spec: Spec, mesh: Mapping[st
     """Refuse a tensor or expert split that cuts a dimension unevenly (fsdp pads; they
     must not)."""
     for dim, entry in enumerate(spec):
-        for axis in set(_axes_of(entry)) & set(MODEL_AXES):
+        for axis in set(axes_of(entry)) & set(MODEL_AXES):
             if shape[dim] % mesh[axis]:
                 raise RuntimeConfigError(
                     f"{axis}={mesh[axis]} does not divide dimension {dim} ({shape[dim]}) of "
@@ -284,11 +285,11 @@ def shard_shape(shape: Sequence[int], spec: Spec, mesh: Mapping[str, int]) -> tu
     """The block of a tensor one device holds: each dimension divided by the sizes of the
     axes that split it, rounded up (XLA pads the last shard)."""
     return tuple(
-        -(-size // math.prod(mesh.get(axis, 1) for axis in _axes_of(entry)))
+        -(-size // math.prod(mesh.get(axis, 1) for axis in axes_of(entry)))
         for size, entry in zip(shape, spec, strict=True)
     )
 
 
 def spec_text(spec: Spec) -> str:
     """`(tensor, fsdp)` for reports."""
-    return "(" + ", ".join("+".join(_axes_of(e)) or "-" for e in spec) + ")"
+    return "(" + ", ".join("+".join(axes_of(e)) or "-" for e in spec) + ")"

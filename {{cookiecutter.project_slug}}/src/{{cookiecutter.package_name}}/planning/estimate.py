@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..core import tpu_generations
+from ..core.memory import held_spec
 from ..core.sharding import (
     BATCH_AXES,
     SEQUENCE_AXIS,
@@ -173,12 +174,17 @@ class Planner:
         axes = dict(mesh)
         specs = self.workload.rules_layout(axes)
         params = self.workload.parameters
+        # As the backend holds them; a model without repeated blocks: the rules everywhere.
+        in_blocks = set().union(*self.workload.block_parameters)
+        held_specs = [held_spec(spec, axes, not in_blocks or i in in_blocks)
+                      for i, spec in enumerate(specs)]  # fmt: skip
 
         def held(index: int, itemsize: int) -> int:  # bytes of parameter `index` per device
-            return math.prod(shard_shape(params[index].shape, specs[index], axes)) * itemsize
+            return math.prod(shard_shape(params[index].shape, held_specs[index], axes)) * itemsize
 
         def state_held(state: StateTensor) -> int:  # laid out like its parameter, or whole
-            spec = state_spec(specs[state.parameter], params[state.parameter].shape, state.shape)
+            parameter = state.parameter
+            spec = state_spec(held_specs[parameter], params[parameter].shape, state.shape)
             return math.prod(shard_shape(state.shape, spec, axes)) * state.itemsize
 
         weights = [held(i, p.itemsize) for i, p in enumerate(params)]

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import ops
+from ..core.memory import SCALAR_STATE_COUNTED
 from ..core.sharding import Spec, layout
 from ..core.strategies.interface import blocks_of
 from ..hf.common import unwrap
@@ -140,7 +141,7 @@ class Workload:
         index = {id(p): i for i, p in enumerate(self.tensors)}
         # The run counts device tensors only. On the meta device AdamW keeps its step counts
         # on the host; on XLA they are device scalars (capturable), as the run builds it.
-        counters = counts_on_device(self.config, self.task)
+        counters = counts_on_device(self.config, self.task) and SCALAR_STATE_COUNTED
         state = [
             StateTensor(index[id(param)], tuple(value.shape), value.element_size())
             for param, entries in optimizer.state.items()

@@ -6,13 +6,33 @@ parallel) costs each device its local shard; a plain tensor is whole on its devi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from . import state_size
+from .sharding import Spec, axes_of
 from .state_size import describe as describe
 from .state_size import human as human
+
+# Whether the counts include optimizer state scalars: not here (`_sized`), step counts
+# stay the optimizer's own scalars.
+SCALAR_STATE_COUNTED = False
+
+
+def held_spec(spec: Spec, mesh: Mapping[str, int], in_block: bool) -> Spec:
+    """How each process holds a parameter the rules lay out as `spec`: their `tensor`
+    entries as they say inside the repeated blocks (`in_block`; outside them a parameter is
+    whole over `tensor`, see `strategies/fsdp.py`), and, on a mesh with `fsdp`, FSDP2's
+    split of the first dimension over it (after the tensor split), whichever dimension the
+    rules give `fsdp`; the first process holds the larger part of an uneven split
+    (`torch.chunk`)."""
+    dropped = {"fsdp"} | (set() if in_block else {"tensor"})
+    kept = [tuple(axis for axis in axes_of(e) if axis not in dropped) for e in spec]
+    if kept and mesh.get("fsdp", 1) > 1:
+        kept[0] = (*kept[0], "fsdp")
+    return tuple(None if not axes else axes[0] if len(axes) == 1 else axes for axes in kept)
 
 
 def sharding_of(tensor: torch.Tensor) -> str:
