@@ -19,7 +19,7 @@ from helpers import Baked
 
 # Seconds a bake's whole `make test` may take: serial, its slow end-to-end trainings
 # included, beside another of these runs on two cores.
-WHOLE_SUITE_TIMEOUT = 5400
+WHOLE_SUITE_TIMEOUT = 7200
 
 
 def users_shell() -> dict[str, str]:
