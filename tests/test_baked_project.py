@@ -22,13 +22,21 @@ LINT_COMBOS = [
 CLI_COMBOS = ["default-lm", "v5litepod-32-own-names"]
 
 
+@pytest.fixture(scope="module")
+def mypy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One mypy cache for this module's lint runs, one after another on one worker: torch and
+    transformers are analysed once, not once per bake (mypy rechecks every file that changed)."""
+    return tmp_path_factory.mktemp("mypy-cache")
+
+
 @pytest.mark.parametrize("combo", LINT_COMBOS)
-def test_baked_project_make_lint_passes(combo: str, bake_combo: Callable[[str], Baked]) -> None:
+def test_baked_project_make_lint_passes(
+    combo: str, bake_combo: Callable[[str], Baked], mypy_cache: Path
+) -> None:
     """It passes the baked project's own `make lint` (ruff, ruff format, mypy) on first bake."""
     baked = bake_combo(combo)
-    result = run(
-        ["make", "lint", f"VENV={sys.prefix}"], project_env(baked), cwd=baked.path, timeout=600
-    )
+    env = project_env(baked, MYPY_CACHE_DIR=str(mypy_cache))
+    result = run(["make", "lint", f"VENV={sys.prefix}"], env, cwd=baked.path, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "Success: no issues found" in result.stdout
 
