@@ -40,8 +40,8 @@ def test_torch_tpu_hf_bake_installs_and_passes_its_suite_from_a_plain_shell(
     assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]
     assert not counts.get("error"), output[-3000:]
     # The passed tests by name, then failures.
-    layouts = "tests/test_distributed.py tests/test_pretrained_run.py"
-    layouts = f"PYTEST_ARGS=-q -p no:cacheprovider -rpfE {layouts}"
+    files = "tests/test_distributed.py tests/test_pretrained_run.py"
+    layouts = f"PYTEST_ARGS=-q -p no:cacheprovider -rpfE {files}"
     output = run(["make", "test", layouts], installed.project, installed.env, 2400)
     counts = pytest_summary(output)
     assert counts.get("passed", 0) > 0 and not counts.get("failed"), output[-3000:]

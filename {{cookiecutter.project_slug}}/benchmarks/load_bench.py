@@ -3,6 +3,8 @@
     python benchmarks/load_bench.py --make-model DIR [--size 1b|100m|tiny] [--shard-size 500MB]
     python benchmarks/load_bench.py --model DIR --devices 8 --strategy fsdp [--mesh fsdp=8]
                                     --way shards|whole [--gs] [--out runs/load-bench.json]
+    python benchmarks/load_bench.py --model DIR --fine-tune 20 --devices 4 --strategy fsdp
+                                    [--mesh fsdp=2,tensor=2] [--lora] [--batch-size 1]
 
 `--make-model` writes a Llama in TinyLlama-1.1B's shape (`1b`: hidden 2048, 22 layers, 32
 heads, 4 key/value heads, MLP 5632, vocabulary 32000; `100m` and `tiny` are smaller) in bf16
@@ -20,6 +22,11 @@ baseline less the device state is what loading cost beside them. `--gs` copies t
 a bucket of the tests' local GCS server (tests/gcs_emulator.py) and reads it from gs://.
 One table row per process, and everything in the `--out` JSON. Not a test: timings move with
 whatever else the machine runs.
+
+`--fine-tune STEPS` fine-tunes the model that many steps on the layout twice, read by shards
+and loaded whole (tests/test_pretrained_run.py's runs, at the model's size): each step's two
+losses and their relative difference. SGD and `--batch-size 1` by default: the whole-loaded
+way holds the model once per process, and a 1B model's AdamW state is 8.8 GB more.
 """
 
 from __future__ import annotations
@@ -291,6 +298,28 @@ def run(args: argparse.Namespace) -> None:
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
 
 
+def fine_tune(args: argparse.Namespace) -> None:
+    from hf_helpers import pretrained_losses
+
+    folder = str(args.model.resolve())
+    ways = pretrained_losses(folder, str(args.devices), args.strategy, args.mesh, args.lora,
+                             args.fine_tune, precision=args.precision, optimizer=args.optimizer,
+                             batch_size=args.batch_size)  # fmt: skip
+    shards, whole = ways["by shards"]["losses"], ways["whole"]["losses"]
+    differences = [abs(a - b) / abs(b) for a, b in zip(shards, whole, strict=True)]
+    title = (f"fine-tuning {folder}, {args.strategy} x{args.devices}"
+             f"{f' ({args.mesh})' if args.mesh else ''}{', LoRA' if args.lora else ''}, "
+             f"{args.precision}, {args.optimizer}, batch {args.batch_size} per device: "
+             f"largest relative difference {max(differences):.2e}")  # fmt: skip
+    steps = enumerate(zip(shards, whole, differences, strict=True), 1)
+    table = ["| step | read by shards | loaded whole | relative difference |",
+             "| --- | --- | --- | --- |",
+             *(f"| {n} | {a:.6f} | {b:.6f} | {d:.2e} |" for n, (a, b, d) in steps)]  # fmt: skip
+    print("\n".join([title, *table]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"title": title, "runs": ways, "table": table}, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--make-model", type=Path, metavar="DIR", help="Write a model there.")
@@ -304,10 +333,17 @@ def main() -> None:
     parser.add_argument("--way", choices=("shards", "whole"), default="shards")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--out", type=Path, default=Path("runs/load-bench.json"))
+    parser.add_argument("--fine-tune", type=int, default=0, metavar="STEPS",
+                        help="Fine-tune it read by shards and loaded whole.")  # fmt: skip
+    parser.add_argument("--lora", action="store_true", help="With --fine-tune: LoRA.")
+    parser.add_argument("--optimizer", default="sgd", help="With --fine-tune.")
+    parser.add_argument("--batch-size", type=int, default=1, help="With --fine-tune.")
     args = parser.parse_args()
     if args.make_model:
         make_model(args.make_model, args.size, args.shard_size)
-    if args.model:
+    if args.model and args.fine_tune:
+        fine_tune(args)
+    elif args.model:
         run(args)
     elif not args.make_model:
         parser.error("give --make-model DIR, --model DIR, or both")

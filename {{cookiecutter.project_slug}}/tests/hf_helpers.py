@@ -11,6 +11,7 @@ from torch.utils.data import default_collate
 
 # A decoder small enough to compile and train in seconds on XLA:CPU.
 TINY: dict[str, Any] = {"max_bytes": 20_000, "seq_len": 16, "dim": 32, "layers": 2, "heads": 4}
+FINE_TUNE_LORA = {"rank": 4, "alpha": 8}
 
 
 def first_batch(task: Any, size: int = 4) -> dict[str, torch.Tensor]:
@@ -87,3 +88,41 @@ def assert_only_adapters_saved(saved: set[str]) -> None:
     adapters = {k.removeprefix("model.") for k in weights}
     assert {k.removeprefix("optimizer.state.").rsplit(".", 1)[0] for k in moments} == adapters
     assert not any("embed_tokens" in k or "base_layer" in k for k in keys)
+
+
+def pretrained_losses(
+    base: str, devices: str, strategy: str, mesh: str, lora: bool, steps: int, **settings: Any
+) -> dict[str, dict[str, Any]]:
+    """A fine-tuning of the pretrained model at `base`, twice: its model read by shards, then
+    loaded whole by from_pretrained and handed to the trainer, as every run loaded it before.
+    Each way's losses and trainable count, from its own launch (processes) of the run."""
+    from {{ cookiecutter.package_name }}.core import launch
+    from {{ cookiecutter.package_name }}.training import build_config, plan_of
+
+    from training_helpers import QUIET
+    from training_helpers import TINY as TINY_RUN
+
+    options = {"model_name": base, "seq_len": 16, "max_bytes": 40_000}
+    config = build_config(None, {
+        **TINY_RUN, **QUIET, "task": "hf-causal-lm", "task_options": options,
+        "devices": devices, "strategy": strategy, "mesh": mesh, "max_steps": steps,
+        "log_every": 1, "lr": 1e-2, "warmup_steps": 2, "eval_every": 0,
+        **({"lora": FINE_TUNE_LORA} if lora else {}), **settings,
+    })  # fmt: skip
+    plan = plan_of(config)
+    ways = ("by shards", "whole")
+    return {way: launch(_fine_tune, plan, (config, way == "whole")) for way in ways}
+
+
+def _fine_tune(config: Any, whole: bool) -> dict[str, Any]:
+    import tempfile
+
+    from {{ cookiecutter.package_name }}.hf.models import load_decoder
+    from {{ cookiecutter.package_name }}.training import fit, plan_of
+
+    model = load_decoder(config.task_options["model_name"]) if whole else None
+    with tempfile.TemporaryDirectory() as run_dir:
+        config.run_dir = run_dir
+        summary = fit(config, plan_of(config), model=model)
+    return {"losses": [loss for _, loss in summary["train_losses"]],
+            "trainable": summary["parameters"]["trainable"]}  # fmt: skip

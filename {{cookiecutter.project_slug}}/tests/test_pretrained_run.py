@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from hf_helpers import save_tiny_pretrained
-from training_helpers import QUIET, TINY
+from hf_helpers import pretrained_losses, save_tiny_pretrained
 
 pytestmark = [pytest.mark.hf, pytest.mark.slow]
 
@@ -25,38 +24,6 @@ LAYOUTS = {"one device": ("1", "single", ""), "fsdp x4": ("4", "fsdp", ""),
 LAYOUTS = {"one device": ("1", "single", ""), "fsdp x8": ("8", "fsdp", ""),
            "fsdp x tensor 4x2": ("8", "fsdp", "fsdp=4,tensor=2")}  # fmt: skip
 {%- endif %}
-LORA = {"rank": 4, "alpha": 8}
-
-
-def losses(base: str, devices: str, strategy: str, mesh: str, lora: str) -> Any:
-    """The run's losses, its model read by shards, then loaded whole by from_pretrained and
-    handed to the trainer, as every run loaded it before (child process)."""
-    from {{ cookiecutter.package_name }}.core import launch
-    from {{ cookiecutter.package_name }}.training import build_config, plan_of
-
-    options = {"model_name": base, "seq_len": 16, "max_bytes": 40_000}
-    settings = {**TINY, **QUIET, "task": "hf-causal-lm", "task_options": options,
-                "devices": devices, "strategy": strategy, "mesh": mesh, "max_steps": STEPS,
-                "log_every": 1, "lr": 1e-2, "warmup_steps": 2, "eval_every": 0,
-                **({"lora": LORA} if lora == "1" else {})}  # fmt: skip
-    config = build_config(None, settings)
-    plan = plan_of(config)
-    ways = ("by shards", "whole")
-    return {way: launch(fine_tune, plan, (config, way == "whole")) for way in ways}
-
-
-def fine_tune(config: Any, whole: bool) -> dict[str, Any]:
-    import tempfile
-
-    from {{ cookiecutter.package_name }}.hf.models import load_decoder
-    from {{ cookiecutter.package_name }}.training import fit, plan_of
-
-    model = load_decoder(config.task_options["model_name"]) if whole else None
-    with tempfile.TemporaryDirectory() as run_dir:
-        config.run_dir = run_dir
-        summary = fit(config, plan_of(config), model=model)
-    return {"losses": [loss for _, loss in summary["train_losses"]],
-            "trainable": summary["parameters"]["trainable"]}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -97,5 +64,5 @@ def test_read_by_shards_trains_as_loaded_whole(
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
-    print(json.dumps(losses(*sys.argv[1:6])))
+    base, devices, strategy, mesh, lora = sys.argv[1:6]
+    print(json.dumps(pretrained_losses(base, devices, strategy, mesh, lora == "1", STEPS)))

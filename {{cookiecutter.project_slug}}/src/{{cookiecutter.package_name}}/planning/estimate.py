@@ -175,7 +175,7 @@ class Planner:
         specs = self.workload.rules_layout(axes)
         params = self.workload.parameters
         # As the backend holds them; a model without repeated blocks: the rules everywhere.
-        in_blocks = set().union(*self.workload.block_parameters)
+        in_blocks = self.workload.in_blocks
         held_specs = [held_spec(spec, axes, not in_blocks or i in in_blocks)
                       for i, spec in enumerate(specs)]  # fmt: skip
 
@@ -258,7 +258,7 @@ class Planner:
             return 0
         whole = {**axes, "fsdp": 1}
         params = self.workload.parameters
-        in_blocks = set().union(*self.workload.block_parameters)
+        in_blocks = self.workload.in_blocks
         units = [*self.workload.block_parameters,
                  *({i} for i in range(len(params)) if i not in in_blocks)]  # fmt: skip
 

@@ -108,6 +108,7 @@ class Workload:
         index = {id(p): i for i, p in enumerate(self.tensors)}
         self.blocks = blocks_of(self.model, block_class(task, self.model))
         self.block_parameters = [{index[id(p)] for p in b.parameters()} for b in self.blocks]
+        self.in_blocks: set[int] = set().union(*self.block_parameters)
         self.hugging_face = unwrap(self.model) is not None
         # Bytes per element of the pretrained weights a run reads (None: it reads none, the
         # model is initialized where it lives, in its own dtype).
