@@ -409,6 +409,28 @@ def test_plan_sizes_a_hugging_face_config_without_its_weights(tmp_path: Path) ->
     assert split["blocks"] == 2
 
 
+{%- if cookiecutter.example_task == "hf-causal-lm" %}
+
+
+def test_plan_of_a_fine_tuning_builds_its_model_from_the_saved_config(tmp_path: Path) -> None:
+    """It plans a run whose `model_name` is saved weights as the run builds it: from the
+    saved config on the meta device, no weight read (the figures of `--hf-config`)."""
+    from hf_helpers import save_tiny_pretrained
+
+    base = save_tiny_pretrained(tmp_path / "base")
+    options = {"model_name": str(base), "seq_len": 16, "max_bytes": 40_000}
+    config = write_config(tmp_path, task_options=options)
+    shape = ["--batch-size", "2", "--mesh", "fsdp=4,tensor=2"]
+
+    run = plan("--config", str(config), *shape)
+    saved = plan("--hf-config", str(base), "--seq-len", "16", *shape)
+
+    kinds = ("param_bytes", "gradient_bytes", "optimizer_bytes", "gathered_bytes")
+    assert {k: run["per_device"][k] for k in kinds} == {k: saved["per_device"][k] for k in kinds}
+    assert run["parameters"] == saved["parameters"] and run["per_device"]["param_bytes"] > 0
+{%- endif %}
+
+
 LLAMA3 = {  # the published configs' shapes (meta-llama/Meta-Llama-3-8B, -70B, Llama-3.1-405B)
     "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256},

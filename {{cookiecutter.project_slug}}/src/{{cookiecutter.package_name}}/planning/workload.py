@@ -37,6 +37,7 @@ from ..training.model import (
     unscanned,
 )
 from ..training.optim import build_optimizer, counts_on_device
+from ..weights.meta import parameters_on_meta
 
 Batch = dict[str, torch.Tensor]
 NEEDS_TRANSFORMERS = "{option} needs transformers: pip install -e '.[hf]'"
@@ -92,7 +93,9 @@ class Workload:
 
     def __init__(self, task: Task, config: TrainConfig, sample: Mapping[str, torch.Tensor]):
         self.task, self.config = task, config
-        with torch.device("meta"):  # every tensor the build makes: shapes only
+        # Every tensor the build makes: shapes only; a task of pretrained weights builds its
+        # model from their config, as a run does (the weights are not read).
+        with torch.device("meta"), parameters_on_meta():
             self.model = build_model(task, config)
         self.sample = {key: value.to("meta") for key, value in sample.items()}
         self.tensors: list[nn.Parameter] = []
