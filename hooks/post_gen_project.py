@@ -13,6 +13,7 @@ import re
 import shutil
 import stat
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -237,5 +238,17 @@ def main() -> int:
         return 1
 
 
+def remove_rendered_copy() -> None:
+    """Delete the copy of this hook cookiecutter rendered into the temp folder to run it:
+    cookiecutter leaves it there, one file per hook and bake."""
+    script = Path(sys.argv[0])
+    in_temp = script.parent.resolve() == Path(tempfile.gettempdir()).resolve()
+    if in_temp and script.name.startswith("tmp"):
+        script.unlink(missing_ok=True)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    finally:
+        remove_rendered_copy()

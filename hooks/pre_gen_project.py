@@ -15,7 +15,9 @@ import json
 import keyword
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 # The table of TPU generations arrives with the answers (`_tpu_generations` in
@@ -362,5 +364,17 @@ def main() -> int:
     return run(rendered_answers(), raw_answers())
 
 
+def remove_rendered_copy() -> None:
+    """Delete the copy of this hook cookiecutter rendered into the temp folder to run it:
+    cookiecutter leaves it there, one file per hook and bake."""
+    script = Path(sys.argv[0])
+    in_temp = script.parent.resolve() == Path(tempfile.gettempdir()).resolve()
+    if in_temp and script.name.startswith("tmp"):
+        script.unlink(missing_ok=True)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    finally:
+        remove_rendered_copy()

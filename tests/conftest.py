@@ -86,6 +86,7 @@ def run_cookiecutter(
         context: Mapping[str, str] | None = None,
         cwd: Path | None = None,
         no_input: bool = True,
+        temp_dir: Path | None = None,
     ) -> subprocess.CompletedProcess[str]:
         pairs = [f"{key}={value}" for key, value in (context or {}).items()]
         command = [
@@ -102,7 +103,7 @@ def run_cookiecutter(
         return subprocess.run(
             command,
             cwd=cwd or output_dir,
-            env=tool_env(),
+            env=tool_env(**({"TMPDIR": str(temp_dir)} if temp_dir else {})),
             capture_output=True,
             text=True,
             timeout=300,

@@ -168,11 +168,14 @@ def test_cli_refuses_bad_input_with_one_error_line(
     tmp_path: Path,
     run_cookiecutter: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
-    """It refuses the answer with a first stderr line saying what is wrong and what to do."""
-    out = tmp_path / "out"
+    """It refuses the answer with a first stderr line saying what is wrong and what to do,
+    and leaves nothing in the temp folder either."""
+    out, temp = tmp_path / "out", tmp_path / "temp"
     out.mkdir()
-    result = run_cookiecutter(out, context=case.context, cwd=tmp_path)
+    temp.mkdir()
+    result = run_cookiecutter(out, context=case.context, cwd=tmp_path, temp_dir=temp)
     assert_refused(result, out, case.message)
+    assert list(temp.iterdir()) == []
     assert not (tmp_path / "pwned").exists()
 
 

@@ -38,9 +38,13 @@ def differing_files(left: Path, right: Path) -> list[str]:
 
 
 def test_bakes_the_defaults(tmp_path: Path, run_cookiecutter: Run) -> None:
-    """It bakes `cookiecutter <template> --no-input` into tpu-project/ and prints next steps."""
-    result = run_cookiecutter(tmp_path)
+    """It bakes `cookiecutter <template> --no-input` into tpu-project/ and prints next steps,
+    and leaves nothing in the temp folder (cookiecutter runs each hook from a copy there)."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    result = run_cookiecutter(tmp_path, temp_dir=temp)
     assert result.returncode == 0, result.stderr
+    assert list(temp.iterdir()) == []
     assert (tmp_path / "tpu-project" / "src" / "tpu_project").is_dir()
     assert "cd tpu-project" in result.stdout
     assert "make train-single" in result.stdout
