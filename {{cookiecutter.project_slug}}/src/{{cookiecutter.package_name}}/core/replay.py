@@ -77,15 +77,23 @@ def _fresh(tensors: list[torch.Tensor]) -> None:
             torch._functionalize_unsafe_set(tensor, data[0])
 
 
-def _pending_python_tensors() -> bool:
-    """Whether a device tensor Python holds has work pending (checked after a traced step)."""
+def _pending_python_tensors(besides: list[torch.Tensor]) -> bool:
+    """Whether a device tensor Python holds, other than `besides`, has work pending (checked
+    after a traced step, before its graph runs: the run gives the old state's buffers to the
+    new state, and pending work that reads them could not run after it)."""
+    skip = {id(tensor) for tensor in besides}
+    tensors = [tensor for tensor in _python_tensors() if id(tensor) not in skip]
+    return any(_xlac()._check_tensor_need_materialization(tensors))
+
+
+def _python_tensors() -> list[torch.Tensor]:
+    """The XLA tensors Python holds."""
     import gc
     import warnings
 
     with warnings.catch_warnings():  # isinstance() on deprecated torch objects warns
         warnings.simplefilter("ignore", FutureWarning)
-        tensors = [obj for obj in gc.get_objects() if _on_xla(obj)]
-    return any(_xlac()._check_tensor_need_materialization(tensors))
+        return [obj for obj in gc.get_objects() if _on_xla(obj)]
 
 
 def _on_xla(obj: object) -> bool:
@@ -157,19 +165,21 @@ class ReplayedStep(CompiledStep):
                 role = ("constant", len(constants))
                 constants.append(value)
             roles.append(role)
-        graph = _Graph(X._get_graph_hash(roots), roles, changed, out_spec, len(out_leaves))
+        if _pending_python_tensors(besides=roots):  # results the graph would not update
+            return self._give_up(out, "the step keeps tensors it neither updates nor returns")
+        updated = {("state", index) for index in changed}
+        donated = [value for value, role in zip(values, roles, strict=True) if role in updated]
+        hash_ = self._donating_hash(roots, donated)
+        graph = _Graph(hash_, roles, changed, out_spec, len(out_leaves))
         if self.phase == "capture":
-            self._compile(roots, [live[index] for index in changed])
+            self._compile(roots)
             self._graph, self._constants = graph, constants
         else:
             problem = self._differs(graph, constants)
             if problem:
                 return self._give_up(out, problem)
         results = self._run(graph, list(values), live, traced=True)
-        del out, out_leaves, roots, values  # the traced tensors: the replay did their work
-        if _pending_python_tensors():  # the step keeps results the graph would not update
-            torch_xla.sync()  # (computed now, correctly, in a graph of their own)
-            return self._give_up(results, "the step keeps tensors it neither updates nor returns")
+        del out, out_leaves, roots, values, donated  # the traced tensors: the run did their work
         self.phase = "verify" if self.phase == "capture" else "replay"
         return results
 
@@ -200,15 +210,23 @@ class ReplayedStep(CompiledStep):
         finally:
             X._set_xla_enable_device_data_cache(cached)
 
-    def _compile(self, roots: list[torch.Tensor], changed: list[torch.Tensor]) -> None:
-        """Compile the graph into the cache, the state it updates donated to its outputs."""
+    def _donating_hash(self, roots: list[torch.Tensor], donated: list[torch.Tensor]) -> Any:
+        """The hash of the graph whose inputs `donated` (the buffers of the state it updates)
+        become its outputs' buffers: the state is held once on the device, not twice."""
         from torch_xla.utils.buffer_donor_context import alias_with_buffer_donor_config
 
         X = _xlac()
-        for tensor in changed:
+        for tensor in donated:  # the buffers themselves: the state tensors are pending
             X._set_buffer_donation(tensor, True)
+        with alias_with_buffer_donor_config(True):  # the donors are part of the hash
+            return X._get_graph_hash(roots)
+
+    def _compile(self, roots: list[torch.Tensor]) -> None:
+        """Compile the graph into the cache, with the donors `_donating_hash` marked."""
+        from torch_xla.utils.buffer_donor_context import alias_with_buffer_donor_config
+
         with alias_with_buffer_donor_config(True):
-            X._xla_warm_up_cache(roots, [])
+            _xlac()._xla_warm_up_cache(roots, [])
 
     def _differs(self, graph: _Graph, constants: list[torch.Tensor]) -> str | None:
         """Why the second trace is not a replay of the first (None: it is)."""
@@ -279,7 +297,10 @@ class ReplayedStep(CompiledStep):
             if traced:
                 # The result's value and functional storage become the tensor's: the storage
                 # that recorded the traced update goes with it, so nothing traced is pending.
+                # The sync brings the tensor to that storage: without it, the next sync finds
+                # the traced update pending, and it reads the buffers the run gave away.
                 torch._functionalize_unsafe_set(live[index], result)
+                torch._sync(live[index])
             else:
                 X._replace_xla_tensor(live[index], result)
         return pytree.tree_unflatten(list(results[: graph.outputs]), graph.out_spec)
