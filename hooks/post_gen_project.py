@@ -238,17 +238,8 @@ def main() -> int:
         return 1
 
 
-def remove_rendered_copy() -> None:
-    """Delete the copy of this hook cookiecutter rendered into the temp folder to run it:
-    cookiecutter leaves it there, one file per hook and bake."""
-    script = Path(sys.argv[0])
-    in_temp = script.parent.resolve() == Path(tempfile.gettempdir()).resolve()
-    if in_temp and script.name.startswith("tmp"):
-        script.unlink(missing_ok=True)
-
-
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    finally:
-        remove_rendered_copy()
+    # cookiecutter runs this hook from a copy it renders into the temp folder and keeps there
+    if Path(sys.argv[0]).parent.resolve() == Path(tempfile.gettempdir()).resolve():
+        Path(sys.argv[0]).unlink(missing_ok=True)  # read already: the hook runs on
+    raise SystemExit(main())
