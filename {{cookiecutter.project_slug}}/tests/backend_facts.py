@@ -33,6 +33,9 @@ STRATEGIES = ("single", "ddp", "fsdp")
 PLAIN_TO_UNTIES = False
 # AdamW counts its steps on the host (not capturable): its state on the device is its moments.
 STEP_COUNTS_ON_DEVICE = False
+# The compiled step draws dropout's random numbers as dynamo's graphs do, not as the eager
+# step (`replay_step = false`) does: with dropout the two runs' losses differ.
+COMPILED_DRAWS_AS_EAGER = False
 # What the step guard calls a device read.
 TRANSFER = "device-to-host read"
 # Where `profile` writes its traces (below RUN_DIR/profile/plugins/profile), and a line of
@@ -64,6 +67,8 @@ STRATEGIES = ("single", "ddp", "spmd", "fsdp")
 PLAIN_TO_UNTIES = True
 # AdamW counts its steps on the device (capturable): a 4-byte count per parameter tensor.
 STEP_COUNTS_ON_DEVICE = True
+# The replayed step draws from the device's seed as the traced step does.
+COMPILED_DRAWS_AS_EAGER = True
 # What the step guard calls a device read.
 TRANSFER = "device-to-host transfer"
 # Where `profile` writes its traces (below RUN_DIR/profile/plugins/profile), and a line of

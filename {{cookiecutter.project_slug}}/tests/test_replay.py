@@ -10,7 +10,7 @@ import re
 {% if cookiecutter.backend == "torch_xla" -%}
 from collections.abc import Callable
 {% endif -%}
-{% if cookiecutter.backend == "torch_xla" and cookiecutter.example_task == "lm" -%}
+{% if cookiecutter.backend == "torch_tpu" or cookiecutter.example_task == "lm" -%}
 from pathlib import Path
 {% endif -%}
 from typing import Any
@@ -23,15 +23,18 @@ from {{ cookiecutter.package_name }}.core import ReplayedStep, health
 {%- endif %}
 
 {% if cookiecutter.backend == "torch_xla" and cookiecutter.example_task == "lm" -%}
-from backend_facts import MANY_DEVICES, many, one_graph_per_step_kind
+from backend_facts import COMPILED_DRAWS_AS_EAGER, MANY_DEVICES, many, one_graph_per_step_kind
+{%- elif cookiecutter.example_task == "lm" -%}
+from backend_facts import COMPILED_DRAWS_AS_EAGER, many, one_graph_per_step_kind
 {%- else -%}
 from backend_facts import many, one_graph_per_step_kind
 {%- endif %}
 from training_helpers import TINY, cli, write_config
 
-# Dropout where the example has it: each replayed step must draw new numbers.
+# Dropout where the example has it: each replayed step must draw new numbers (where the
+# compiled step draws as the eager one, as the losses of the two are compared).
 {% if cookiecutter.example_task == "lm" -%}
-NOISE: dict[str, Any] = {"dropout": 0.1}
+NOISE: dict[str, Any] = {"dropout": 0.1} if COMPILED_DRAWS_AS_EAGER else {}
 {%- else -%}
 NOISE: dict[str, Any] = {}
 {%- endif %}
@@ -237,6 +240,25 @@ def test_no_program_of_a_replayed_fsdp_run_needs_more_per_device_than_plan_says(
     assert len(used) >= 2, sorted(used)  # the priming step and the replayed one, at least
     assert max(used.values()) <= total, (used, total)
 {%- endif %}
+{%- endif %}
+
+
+{%- if cookiecutter.backend == "torch_tpu" %}
+
+
+def test_every_run_of_a_process_compiles_its_step(tmp_path: Path) -> None:
+    """It compiles each run's step afresh, as a new process would: dynamo keeps 8 compiled
+    versions of a function, and a process's ninth run would otherwise run its step eagerly."""
+    from {{ cookiecutter.package_name }}.core import make_plan
+    from {{ cookiecutter.package_name }}.training import TrainConfig, fit
+
+    plan = make_plan("cpu", 1, "single")
+    counts = []
+    for run in range(10):
+        settings = {**TINY, "max_steps": 2, "accelerator": "cpu", "goodput": "off"}
+        config = TrainConfig(**settings, run_dir=str(tmp_path / str(run)))
+        counts.append(fit(config, plan)["compilations"])
+    assert counts[0] > 0 and counts == [counts[0]] * 10, counts
 {%- endif %}
 
 

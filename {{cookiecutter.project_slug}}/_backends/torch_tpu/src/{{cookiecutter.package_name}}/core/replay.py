@@ -40,6 +40,14 @@ def compile_backend() -> str:
     return os.environ.get(BACKEND_VARIABLE) or "aot_eager"
 
 
+# The dynamo modules whose warning that a profiler range "will be ignored" is dropped.
+PROFILER_NOTES = ("torch._dynamo.variables.ctx_manager", "torch._dynamo.variables.torch")
+
+
+def _drop_profiler_notes(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Profiler ")
+
+
 class ReplayedStep(CompiledStep):
     """`step(inputs)`: `fn(inputs)` compiled on its first call, its graphs run after that.
 
@@ -54,8 +62,14 @@ class ReplayedStep(CompiledStep):
         if self.reason is not None:
             self.phase = "eager"
             return
-        # dynamo notes, once per compiled frame, that it drops profiler ranges: noise.
-        logging.getLogger("torch._logging._internal").setLevel(logging.ERROR)
+        # dynamo notes, once per process, that it drops the profiler ranges torch's optimizers
+        # open: noise on stderr (a refusal's one line became two).
+        for name in PROFILER_NOTES:
+            logging.getLogger(name).addFilter(_drop_profiler_notes)
+        # Each run compiles its step afresh, as in a new process: dynamo keeps 8 compiled
+        # versions of a function (`recompile_limit`), and from a process's ninth run on the
+        # step would run eagerly, silently, and slowly.
+        torch._dynamo.reset()
         self._compiled = torch.compile(self.fn, backend=self.backend, dynamic=False)
 
     def __call__(self, inputs: Any) -> Any:
