@@ -295,10 +295,9 @@ class ReplayedStep(CompiledStep):
         results = X._run_cached_graph(graph.hash, values)
         for index, result in zip(graph.changed, results[graph.outputs :], strict=True):
             if traced:
-                # The result's value and functional storage become the tensor's: the storage
-                # that recorded the traced update goes with it, so nothing traced is pending.
-                # The sync brings the tensor to that storage: without it, the next sync finds
-                # the traced update pending, and it reads the buffers the run gave away.
+                # The result's value and functional storage become the tensor's, and the sync
+                # drops the traced update the tensor still records: left pending, it would run
+                # at the next sync and read the buffers the run gave away.
                 torch._functionalize_unsafe_set(live[index], result)
                 torch._sync(live[index])
             else:
