@@ -14,6 +14,7 @@ from {{ cookiecutter.package_name }}.core import health, make_plan, ops
 from {{ cookiecutter.package_name }}.training import TrainConfig, fit
 from {{ cookiecutter.package_name }}.training.optim import OPTIMIZERS, build_optimizer
 
+from backend_facts import one_graph_per_step_kind
 from training_helpers import TINY
 
 OPTIONS: dict[str, dict[str, Any]] = {
@@ -113,6 +114,7 @@ def test_fit_with_each_optimizer_compiles_nothing_after_warm_up(
     assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses), losses
 
 
+@one_graph_per_step_kind
 def test_fit_with_each_optimizer_compiles_one_train_graph(guarded_fit: dict[str, Any]) -> None:
     """It compiles one train graph, or none if an earlier test in this process compiled it."""
     assert guarded_fit["loop_compilations"] <= 1
