@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..core import Precision, ReplayedStep, Strategy, ops
+from ..hf.moe import experts_modules
 from ..tasks import Task, train_metrics, without_documents
 from .config import TrainConfig
 
@@ -44,6 +45,10 @@ class TrainStep:
         self.precision, self.config = precision, config
         self.metrics: dict[str, torch.Tensor] = {}
         self.parameters = list(model.parameters())  # a list: dynamo iterates no generator
+        # What train_metrics looks for in the model (a mixture's experts) is found here, not
+        # in the compiled step: dynamo tracing the search reads sys.modules, which another
+        # thread's import can change under it ("dictionary changed size during iteration").
+        experts_modules(model)
         reason = None if config.replay_step else "replay_step = false"
         self.replayed = ReplayedStep(
             self._step, self._state, host_read, reason or ops.host_learning_rate(optimizer)
