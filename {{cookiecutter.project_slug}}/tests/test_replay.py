@@ -127,6 +127,29 @@ def test_the_replayed_step_hands_the_buffers_of_the_state_it_updates_to_the_new_
     assert old[2].cpu().tolist() == [3.0] * 4
 
 
+def test_the_replayed_step_keeps_the_buffer_of_a_number_it_updates(device: Any) -> None:
+    """It gives away no scalar's buffer: torch_xla uploads a number once and hands that
+    buffer to every later upload of the same number (a resumed run's step counts)."""
+    import torch_xla
+
+    count = torch.tensor(7.0).to(device)  # the buffer of every upload of 7.0 from now on
+    torch_xla.sync()
+
+    def counting(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            count.add_(x.sum())
+        return {"count": count * 1.0}
+
+    step = ReplayedStep(counting, lambda: [count])
+    totals = []
+    for _ in range(4):  # a capture, a verifying trace, two replays
+        out = step(torch.ones(2).to(device))
+        torch_xla.sync()
+        totals.append(out["count"].item())
+    assert step.phase == "replay" and totals == [9.0, 11.0, 13.0, 15.0]
+    assert torch.tensor(7.0).to(device).cpu().item() == 7.0
+
+
 def test_a_step_that_reads_the_device_is_traced_every_time(device: Any) -> None:
     """It gives up replaying a step whose branch depends on a device value, and stays right."""
     counter = Counter(device)

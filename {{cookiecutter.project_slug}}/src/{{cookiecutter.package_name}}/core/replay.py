@@ -168,7 +168,10 @@ class ReplayedStep(CompiledStep):
         if _pending_python_tensors(besides=roots):  # results the graph would not update
             return self._give_up(out, "the step keeps tensors it neither updates nor returns")
         updated = {("state", index) for index in changed}
-        donated = [value for value, role in zip(values, roles, strict=True) if role in updated]
+        # Not a scalar's buffer: torch_xla uploads a number once and hands that buffer to every
+        # later upload of it (a checkpoint's step counts), which would read a buffer given away.
+        donated = [value for value, role in zip(values, roles, strict=True)
+                   if role in updated and value.dim() > 0]  # fmt: skip
         hash_ = self._donating_hash(roots, donated)
         graph = _Graph(hash_, roles, changed, out_spec, len(out_leaves))
         if self.phase == "capture":
