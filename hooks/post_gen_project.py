@@ -74,9 +74,9 @@ PRUNE: dict[str, dict[str, tuple[str, ...]]] = {
 # default's, adding its own), then the folder goes. The default backend has none there.
 BACKENDS_DIR = "_backends"
 # Files of the default backend (torch_xla) that another backend's bake does without: its
-# modules, and the tests whose subject only torch_xla has (its sharding specs, its scan). The
-# tests of the shared code run in every bake; what they expect of a backend, the bake's
-# tests/conftest.py and tests/backend_facts.py say.
+# modules, and the tests whose subject only torch_xla has (its sharding specs, its scan, its
+# programs' buffer assignment). The tests of the shared code run in every bake; what they
+# expect of a backend, the bake's tests/conftest.py and tests/backend_facts.py say.
 TORCH_XLA_ONLY = (
     "benchmarks/contenders.py",
     "benchmarks/workloads.py",
@@ -86,6 +86,7 @@ TORCH_XLA_ONLY = (
     "src/{package}/core/strategies/spmd.py",
     "tests/test_sharding.py",
     "tests/test_scan.py",
+    "tests/test_xla_memory.py",
 )
 OTHER_BACKEND_PRUNE = {"torch_tpu": TORCH_XLA_ONLY}
 

@@ -11,11 +11,11 @@ from helpers import Baked, project_env, pytest_summary, run
 
 # What the bakes beside the default one (which runs the user's way, test_users_way.py) run
 # of their suites. `make test`: the hf-causal-lm bake's quick tier of the tests its task
-# changes and of its docs. `make test-full`: their slow tier (each decoder and mixture
-# trained under fsdp, a pretrained model read by shards fine-tuned on every layout) and the
-# shared tests with a model's own tokenizer; the vision bake's quick tier of the tests its
-# task changes; the ddp/bf16-true bake's tests that read its baked strategy, precision and
-# accelerator type.
+# changes (its Llama's bytes per device among them) and of its docs. `make test-full`:
+# their slow tier (each decoder and mixture trained under fsdp, a pretrained model read by
+# shards fine-tuned on every layout) and the shared tests with a model's own tokenizer; the
+# vision bake's quick tier of the tests its task changes; the ddp/bf16-true bake's tests
+# that read its baked strategy, precision and accelerator type.
 HF_FILES = (
     "tests/test_hf_models.py tests/test_hf_moe.py tests/test_lora.py tests/test_hf_export.py "
     "tests/test_pretrained_weights.py tests/test_pretrained_run.py tests/test_task_hf_causal_lm.py"
@@ -26,7 +26,7 @@ HF_SHARED = (
 )
 SUITE_COMBOS = {
     "hf-causal-lm-fsdp-bf16-mixed": f"-m 'not slow' {HF_FILES} tests/test_cli.py "
-    "tests/test_readme.py tests/test_doc_links.py",
+    "tests/test_xla_memory.py tests/test_readme.py tests/test_doc_links.py",
 }
 HF = "hf-causal-lm-fsdp-bf16-mixed"
 FULL_COMBOS = {

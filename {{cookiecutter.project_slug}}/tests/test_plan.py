@@ -28,7 +28,7 @@ from {{ cookiecutter.package_name }}.planning.workload import Workload, from_tas
 from {{ cookiecutter.package_name }}.training.config import build_config
 
 from readme_inventory import documented_commands
-from training_helpers import TINY, cli, cli_env, write_config
+from training_helpers import TINY, cli, cli_env, cli_json, write_config
 
 runner = CliRunner()
 {%- if cookiecutter.backend == "torch_tpu" %}
@@ -533,12 +533,6 @@ def test_plan_refuses_a_shape_it_cannot_build_in_one_line(args: list[str], messa
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert message in lines[0]
-
-
-def cli_json(*args: str, accelerator_type: str = "v5e-8") -> str:
-    done = cli(*args, "--accelerator-type", accelerator_type, "--json")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
 
 
 def test_a_sequence_too_long_for_the_mesh_grows_the_context_axis(tmp_path: Path) -> None:

@@ -111,6 +111,13 @@ def cli(*args: str, src: Path = SRC, **kwargs: Any) -> subprocess.CompletedProce
     )
 
 
+def cli_json(*args: str, accelerator_type: str = "v5e-8") -> str:
+    """The `--json` output of a CLI command for a slice of `accelerator_type` (`plan`)."""
+    done = cli(*args, "--accelerator-type", accelerator_type, "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 def popen(*args: str, src: Path = SRC) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args]
     return subprocess.Popen(

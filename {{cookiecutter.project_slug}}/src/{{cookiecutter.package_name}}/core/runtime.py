@@ -79,6 +79,11 @@ def detect_accelerator(requested: str = "auto") -> str:
 
 _notified = False
 
+# XLA:CPU's default (concurrency-optimized) schedule starts every all-gather of a step before
+# its first layer: an fsdp step then holds each device's whole gathered model at once, all of
+# it in this host's RAM. The sequential schedule gathers a layer when it runs, as `plan` counts.
+CPU_SCHEDULE_FLAG = "xla_cpu_enable_concurrency_optimized_scheduler"
+
 
 def configure(accelerator: str = "auto", cpu_devices: int = 1, tpu_core: int | None = None) -> str:
     """Set the PJRT environment before the runtime starts; return the resolved accelerator."""
@@ -87,6 +92,9 @@ def configure(accelerator: str = "auto", cpu_devices: int = 1, tpu_core: int | N
     os.environ["PJRT_DEVICE"] = resolved.upper()
     if resolved == "cpu":
         os.environ["CPU_NUM_DEVICES"] = str(cpu_devices)
+        flags = os.environ.get("XLA_FLAGS", "")
+        if CPU_SCHEDULE_FLAG not in flags:  # a value of the user's own stands
+            os.environ["XLA_FLAGS"] = f"{flags} --{CPU_SCHEDULE_FLAG}=false".strip()
         if accelerator == "auto" and not _notified:
             print("note: no TPU found on this host; running on XLA:CPU", file=sys.stderr)
             _notified = True
