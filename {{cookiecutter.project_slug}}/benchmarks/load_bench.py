@@ -24,7 +24,9 @@ One table row per process, and everything in the `--out` JSON. Not a test: timin
 whatever else the machine runs.
 
 `--fine-tune STEPS` fine-tunes the model that many steps on the layout twice, read by shards
-and loaded whole (tests/test_pretrained_run.py's runs, at the model's size): each step's two
+and loaded whole (tests/test_pretrained_run.py's runs, at the model's size), each in a
+process of its own so that neither starts beside what the other left (under torch_xla one
+process runs all the devices, and XLA:CPU keeps their buffers in host RAM): each step's two
 losses and their relative difference. SGD and `--batch-size 1` by default: the whole-loaded
 way holds the model once per process, and a 1B model's AdamW state is 8.8 GB more.
 """
@@ -39,6 +41,7 @@ import json
 import math
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -298,13 +301,27 @@ def run(args: argparse.Namespace) -> None:
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def fine_tune(args: argparse.Namespace) -> None:
+def fine_tune_one_way(args: argparse.Namespace) -> None:
     from hf_helpers import pretrained_losses
 
-    folder = str(args.model.resolve())
-    ways = pretrained_losses(folder, str(args.devices), args.strategy, args.mesh, args.lora,
-                             args.fine_tune, precision=args.precision, optimizer=args.optimizer,
+    ways = pretrained_losses(str(args.model.resolve()), str(args.devices), args.strategy,
+                             args.mesh, args.lora, args.fine_tune, ways=(args.fine_tune_way,),
+                             precision=args.precision, optimizer=args.optimizer,
                              batch_size=args.batch_size)  # fmt: skip
+    args.out.write_text(json.dumps(ways))
+
+
+def fine_tune(args: argparse.Namespace) -> None:
+    folder = str(args.model.resolve())
+    ways: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="load-bench-") as results:
+        for way in ("by shards", "whole"):
+            out = Path(results) / "way.json"
+            command = [sys.executable, __file__, *sys.argv[1:], "--fine-tune-way", way,
+                       "--out", str(out)]  # fmt: skip
+            if code := subprocess.run(command, check=False).returncode:
+                raise SystemExit(f"the fine-tuning {way} exited with {code}")
+            ways |= json.loads(out.read_text())
     shards, whole = ways["by shards"]["losses"], ways["whole"]["losses"]
     differences = [abs(a - b) / abs(b) for a, b in zip(shards, whole, strict=True)]
     title = (f"fine-tuning {folder}, {args.strategy} x{args.devices}"
@@ -338,10 +355,13 @@ def main() -> None:
     parser.add_argument("--lora", action="store_true", help="With --fine-tune: LoRA.")
     parser.add_argument("--optimizer", default="sgd", help="With --fine-tune.")
     parser.add_argument("--batch-size", type=int, default=1, help="With --fine-tune.")
+    parser.add_argument("--fine-tune-way", choices=("by shards", "whole"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.make_model:
+    if args.make_model and not args.fine_tune_way:
         make_model(args.make_model, args.size, args.shard_size)
-    if args.model and args.fine_tune:
+    if args.fine_tune_way:  # one of --fine-tune's two runs, in its own process
+        fine_tune_one_way(args)
+    elif args.model and args.fine_tune:
         fine_tune(args)
     elif args.model:
         run(args)

@@ -91,11 +91,19 @@ def assert_only_adapters_saved(saved: set[str]) -> None:
 
 
 def pretrained_losses(
-    base: str, devices: str, strategy: str, mesh: str, lora: bool, steps: int, **settings: Any
+    base: str,
+    devices: str,
+    strategy: str,
+    mesh: str,
+    lora: bool,
+    steps: int,
+    ways: tuple[str, ...] = ("by shards", "whole"),
+    **settings: Any,
 ) -> dict[str, dict[str, Any]]:
     """A fine-tuning of the pretrained model at `base`, twice: its model read by shards, then
     loaded whole by from_pretrained and handed to the trainer, as every run loaded it before.
-    Each way's losses and trainable count, from its own launch (processes) of the run."""
+    Each way's losses and trainable count, from its own launch (processes) of the run; `ways`
+    picks the ways run."""
     from {{ cookiecutter.package_name }}.core import launch
     from {{ cookiecutter.package_name }}.training import build_config, plan_of
 
@@ -110,7 +118,6 @@ def pretrained_losses(
         **({"lora": FINE_TUNE_LORA} if lora else {}), **settings,
     })  # fmt: skip
     plan = plan_of(config)
-    ways = ("by shards", "whole")
     return {way: launch(_fine_tune, plan, (config, way == "whole")) for way in ways}
 
 
