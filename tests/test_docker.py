@@ -198,7 +198,7 @@ def test_container_trains_on_xla_cpu(engine: Engine, image: str, docker_logs: Pa
     )
     if code != 0:
         _fail_with_log(f"training in the container exited {code}", log)
-    losses = [float(x) for x in re.findall(r"^step \d+ train loss=([0-9.]+)", output, re.M)]
+    losses = [float(x) for x in re.findall(r"^step \d+/\d+ train loss=([0-9.]+)", output, re.M)]
     assert len(losses) == 5, output
     assert losses[-1] < losses[0], f"loss did not fall: {losses}"
     assert "completed: 5 steps" in output

@@ -386,7 +386,7 @@ def test_train_pod_trains_two_steps_on_every_worker(make: Callable[..., Ran], po
     succeeded(ran)
     for worker in range(WORKERS):
         lines = ran.lines(worker)
-        assert any(line.startswith("step 2 train loss=") for line in lines), lines
+        assert any(line.startswith("step 2/2 train loss=") for line in lines), lines
         assert any("completed: 2 steps" in line for line in lines), lines
         summary = pod.workers[worker].home / SLUG / "runs" / "default" / "summary.json"
         assert summary.is_file()
@@ -655,7 +655,7 @@ def test_torch_tpu_train_pod_is_one_job_over_two_hosts_with_one_process_losses(
     assert not summaries[1].exists()  # the job's first process writes it
     job = json.loads(summaries[0].read_text(encoding="utf-8"))
     assert (job["strategy"], job["devices"], job["global_batch"]) == ("ddp", 2, 8)
-    assert any(line.startswith(f"step {TORCH_TPU_STEPS} train loss=") for line in ran.lines(0))
+    assert any(line.startswith(f"step {TORCH_TPU_STEPS}/{TORCH_TPU_STEPS} train loss=") for line in ran.lines(0))
     # Both hosts end with the job's evaluation, the same numbers: one job, not two runs.
     evaluations = [[json.loads(line) for line in ran.lines(w) if line.startswith('{"loss"')]
                    for w in range(WORKERS)]  # fmt: skip

@@ -65,13 +65,13 @@ def test_the_environment_names_worker_0_of_slice_0_and_the_port() -> None:
     }
 
 
+{%- if cookiecutter.backend == "torch_xla" %}
+
+
 @pytest.mark.parametrize("accelerator_type", ["v4-8", "v5litepod-16", "v5p-16", "v6e-256"])
 def test_generations_from_v4_form_a_multislice(accelerator_type: str) -> None:
     """It accepts several slices of v4, v5e, v5p and v6e."""
     multislice.check_slices(accelerator_type, 4)
-
-
-{%- if cookiecutter.backend == "torch_xla" %}
 
 
 @pytest.mark.parametrize("accelerator_type", ["v2-8", "v3-32"])
@@ -82,6 +82,32 @@ def test_v2_and_v3_are_one_slice_only(accelerator_type: str) -> None:
     assert str(raised.value).startswith(f"2 slices of {accelerator_type}: ")
     assert "\n" not in str(raised.value)
     multislice.check_slices(accelerator_type, 1)
+{%- else %}
+
+
+@pytest.mark.parametrize("accelerator_type", ["v5p-16", "v6e-256", ""])
+def test_several_slices_are_refused_on_a_backend_without_a_mesh_over_them(
+    accelerator_type: str,
+) -> None:
+    """It refuses two slices in one line, whatever the generation (torch_tpu lays no mesh
+    over slices: each slice would train on its own), and accepts one."""
+    with pytest.raises(multislice.MultisliceError) as raised:
+        multislice.check_slices(accelerator_type, 2)
+    assert str(raised.value).startswith("2 slices: the torch_tpu backend lays no device mesh")
+    assert "\n" not in str(raised.value)
+    multislice.check_slices(accelerator_type, 1)
+
+
+def test_a_run_started_with_the_multislice_environment_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It refuses a run whose launcher set two slices before anything starts."""
+    from {{ cookiecutter.package_name }}.core import make_plan
+
+    for name, value in multislice.multislice_environment("10.0.0.2", 2, 0).items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(multislice.MultisliceError, match="lays no device mesh over slices"):
+        make_plan("cpu", 1, "single")
 {%- endif %}
 
 

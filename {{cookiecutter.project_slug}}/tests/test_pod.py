@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from {{ cookiecutter.package_name }} import pod
 from {{ cookiecutter.package_name }}.cli import app
 from {{ cookiecutter.package_name }}.core.doctor import legacy_launcher_problem
+from {{ cookiecutter.package_name }}.pod.cli import project_extras
 
 from training_helpers import TINY
 
@@ -128,7 +129,7 @@ def test_make_train_pod_rehearsal_trains_on_every_worker(tmp_path: Path) -> None
     output = result.stdout + result.stderr
     for worker in range(4):
         lines = worker_lines(result.stdout, worker)
-        assert any(line.startswith("step 2 train loss=") for line in lines), output[-4000:]
+        assert any(line.startswith("step 2/2 train loss=") for line in lines), output[-4000:]
         assert any("completed: 2 steps" in line for line in lines), output[-4000:]
         summary = tmp_path / "pod" / f"worker-{worker}" / SLUG
         assert (summary / "runs" / "default" / "summary.json").is_file()
@@ -169,6 +170,9 @@ def test_environment_reaches_every_worker(tmp_path: Path) -> None:
         assert worker_lines(result.stdout, worker) == [expected]
 
 
+{%- if cookiecutter.backend == "torch_xla" %}
+
+
 def test_every_worker_of_every_slice_gets_its_multislice_environment(tmp_path: Path) -> None:
     """It starts the workers of both slices, each with worker 0 of slice 0 as coordinator, the
     slice count and its own slice id, and marks each line with its slice and worker."""
@@ -185,12 +189,16 @@ def test_every_worker_of_every_slice_gets_its_multislice_environment(tmp_path: P
             expected = f"10.0.0.2:8081 2 {slice_index} 8081 {worker} {folder}"
             assert worker_lines(result.stdout, worker, slice_index) == [expected]
     assert "pod: 4/4 workers succeeded" in result.stderr
+{%- endif %}
 
 
 def test_one_slice_gets_no_multislice_environment(tmp_path: Path) -> None:
     """It leaves the MEGASCALE_* variables unset on a single slice."""
     result = run_pod(tmp_path, "run", "--tpu", "t", "--", "env | grep -c ^MEGASCALE_ || true")
     assert [worker_lines(result.stdout, w) for w in range(4)] == [["0"]] * 4
+
+
+{%- if cookiecutter.backend == "torch_xla" %}
 
 
 def test_a_failing_worker_of_one_slice_stops_every_slice(tmp_path: Path) -> None:
@@ -203,6 +211,7 @@ def test_a_failing_worker_of_one_slice_stops_every_slice(tmp_path: Path) -> None
         "slice 1 worker 0 failed with exit code 3; "
         "stopped slice 0 worker 0, slice 0 worker 1, slice 1 worker 1"
     ) in result.stderr
+{%- endif %}
 
 
 def test_env_pair_overrides_the_accelerator(tmp_path: Path) -> None:
@@ -368,12 +377,16 @@ BAD_INPUT = {
         ["train", "--tpu=t", "--slices", "2", "--accelerator-type", "v3-32"],
         {},
 {%- if cookiecutter.backend == "torch_tpu" %}
-        "TPU v3 (v3-32) does not run on torch_tpu",  # refused before its slices are looked at
+        "2 slices: the torch_tpu backend lays no device mesh over slices",  # whatever the type
 {%- else %}
         "2 slices of v3-32: Cloud TPU forms a multislice only of tpu7x, v4, v5litepod, v5p, v6e",
 {%- endif %}
     ),
-    "slices-of-nodes": (["nodes", "--tpu=t", "--slices=2", "--accelerator-type=v2-8"], {}, "v2"),
+    "slices-of-nodes": (
+        ["nodes", "--tpu=t", "--slices=2", "--accelerator-type=v2-8"],
+        {},
+        "{% if cookiecutter.backend == "torch_tpu" %}2 slices: the torch_tpu{% else %}v2{% endif %}",
+    ),
 }
 
 
@@ -437,6 +450,9 @@ def test_train_pod_runs_the_cli_train_on_every_worker() -> None:
     )
 
 
+{%- if cookiecutter.backend == "torch_xla" %}
+
+
 def test_train_pod_of_two_slices_starts_every_worker_of_both_with_its_slice() -> None:
     """It prints one ssh per worker of NAME-0 and NAME-1 with each slice's multislice
     variables (the coordinator is worker 0 of NAME-0, whose address describe gives)."""
@@ -450,6 +466,22 @@ def test_train_pod_of_two_slices_starts_every_worker_of_both_with_its_slice() ->
             f"MEGASCALE_COORDINATOR_ADDRESS='<address of {SLUG}-0 worker 0>:8081' "
             f"MEGASCALE_NUM_SLICES=2 MEGASCALE_SLICE_ID={index // 4} MEGASCALE_PORT=8081 && "
         )
+{%- else %}
+
+
+def test_several_slices_are_refused_before_any_worker_is_reached(tmp_path: Path) -> None:
+    """It refuses `pod train --slices 2` in one line (torch_tpu lays no mesh over slices:
+    each slice would train on its own), reaching no worker."""
+    args = ["train", "--tpu", "t", "--slices", "2", "--accelerator-type", "v5p-16"]
+    result = run_pod(tmp_path, *args, workers=2, slices=2)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: 2 slices: the torch_tpu backend lays no device mesh over slices (each slice "
+        "would train on its own); train on one slice (SLICES=1), or bake a torch_xla project "
+        "for a multislice"
+    ]
+    assert not list(tmp_path.glob("t-*"))
+{%- endif %}
 
 
 def test_docker_train_pod_runs_the_image_privileged_on_the_host_network() -> None:
@@ -482,6 +514,25 @@ def test_pod_sync_copies_with_one_scp_per_worker() -> None:
         assert command[-6:] == [f"{SLUG}:{SLUG}/", *SCOPE, f"--worker={worker}"]
         assert {"src", "configs", "pyproject.toml"} <= set(command[6:-6])
     assert any("pip install --quiet ." in c[-1] for c in commands)
+
+
+def test_pod_sync_extras_installs_them_as_the_project_is_installed() -> None:
+    """It installs `EXTRAS` with the project, through the same passwordless sudo when the
+    workers' environment is not writable."""
+    commands = dry_run("pod-sync", "EXTRAS=wandb")
+    install = next(c[-1] for c in commands if "pip install" in c[-1])
+    assert "pip install --quiet '.[wandb]'" in install
+    assert "else sudo -n " in install
+
+
+def test_pod_sync_refuses_an_extra_the_project_lacks(tmp_path: Path) -> None:
+    """It refuses, in one line and before any worker is reached, an extra pyproject lacks."""
+    result = run_pod(tmp_path, "sync", "--tpu", "t", "--extras", "wandb,nosuch")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: the project has no extra 'nosuch': use {', '.join(project_extras())}"
+    ]
+    assert not list(tmp_path.glob("worker-*"))
 
 
 SCOPE_TEXT = f"--zone {ZONE} --project {PROJECT}"
@@ -574,7 +625,8 @@ def test_tpu_status_of_two_slices_reads_each_slice() -> None:
 
 
 def test_make_refuses_slices_the_type_cannot_form_before_calling_gcloud(tmp_path: Path) -> None:
-    """It stops `make tpu-create SLICES=2` of a v3 with one error line, gcloud never run."""
+    """It stops `make tpu-create SLICES=2` of a v3 (on torch_tpu: of any type) with one error
+    line, gcloud never run."""
     gcloud = tmp_path / "gcloud"
     gcloud.write_text('#!/bin/sh\ntouch "$0.ran"\n')
     gcloud.chmod(0o755)
@@ -584,8 +636,9 @@ def test_make_refuses_slices_the_type_cannot_form_before_calling_gcloud(tmp_path
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [
 {%- if cookiecutter.backend == "torch_tpu" %}
-        "error: TPU v3 (v3-8) does not run on torch_tpu, the backend this project is built on (it "
-        "runs on torch_xla): choose another generation, or bake the project with that backend"
+        "error: 2 slices: the torch_tpu backend lays no device mesh over slices (each slice "
+        "would train on its own); train on one slice (SLICES=1), or bake a torch_xla project "
+        "for a multislice"
 {%- else %}
         "error: 2 slices of v3-8: Cloud TPU forms a multislice only of tpu7x, v4, v5litepod, v5p, "
         "v6e slices, not TPU v3; use one slice, or a generation that forms a multislice"
@@ -593,7 +646,15 @@ def test_make_refuses_slices_the_type_cannot_form_before_calling_gcloud(tmp_path
     ]
     assert not (tmp_path / "gcloud.ran").exists()
     accepted = make("tpu-create", "SLICES=2", "ACCELERATOR_TYPE=v4-32", env=env)
+{%- if cookiecutter.backend == "torch_tpu" %}
+    assert accepted.returncode == 2, accepted.stdout + accepted.stderr  # no mesh over slices
+    assert "error: 2 slices: the torch_tpu backend lays no device mesh" in accepted.stderr
+    assert not (tmp_path / "gcloud.ran").exists()
+    single = make("tpu-create", "ACCELERATOR_TYPE=v4-32", env=env)
+    assert single.returncode == 0, single.stdout + single.stderr
+{%- else %}
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+{%- endif %}
     assert (tmp_path / "gcloud.ran").exists()
 
 

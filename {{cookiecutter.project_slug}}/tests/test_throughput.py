@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ def test_every_log_line_has_the_rates_and_the_summary_the_first_step(
     printed = capsys.readouterr().out
 
     assert "first step: " in printed and "of which compiling" in printed
-    lines = [line for line in printed.splitlines() if line.startswith("step 4 train")]
+    lines = [line for line in printed.splitlines() if line.startswith("step 4/6 train")]
     assert lines, printed
     for rate in ("steps_per_s=", "samples_per_s=", "flops_per_s="):
         assert rate in lines[0], lines[0]
@@ -77,3 +78,21 @@ def test_every_log_line_has_the_rates_and_the_summary_the_first_step(
     seq_len = TINY["task_options"]["seq_len"]
     assert throughput["tokens_per_s"] == pytest.approx(throughput["samples_per_s"] * seq_len)
 {%- endif %}
+
+
+def test_a_run_says_its_steps_and_after_warm_up_the_time_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It prints the steps it will train, then `step N/TOTAL` on every logged step, with the
+    time left once the first step (its compilation) is behind it."""
+    options = {**TINY, "accelerator": "cpu", "max_steps": 6, "log_every": 1, "eval_every": 0}
+    fit(TrainConfig(**options, run_dir=str(tmp_path)), make_plan("cpu", 1, "single"))
+    printed = capsys.readouterr().out.splitlines()
+
+    assert "steps: 6 (max_steps)" in printed, printed
+    logged = [line for line in printed if re.match(r"step \d+/6 train loss=", line)]
+    assert [line.split()[1] for line in logged] == [f"{n}/6" for n in range(1, 7)], printed
+    assert not re.search(r" left \S+$", logged[0])  # the first step compiles: no pace yet
+    for line in logged[1:]:
+        assert re.search(r" left (\d+h\d\dm|\d+m\d\ds|\d+s)$", line), line
+    assert logged[-1].endswith(" left 0s")

@@ -147,7 +147,7 @@ def preempt(
         )  # fmt: skip
     try:
         gate.wait_reached(process, log)
-        wait_for_line(process, log, f"step {gate.steps} train")  # it cannot get further
+        wait_for_line(process, log, f"step {gate.steps}/")  # it cannot get further
         signal_taken(process, signal.SIGTERM)
         workers = children(process.pid)
         if workers and not every_process:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import runtime, strategies
+from . import multislice, runtime, strategies
 from .runtime import RuntimeConfigError
 from .strategies import CPU_EMULATED_DEVICES, Strategy
 
@@ -44,6 +44,7 @@ def make_plan(
 ) -> Plan:
     """Validate a request and decide how it runs; raise RuntimeConfigError with the fix."""
     resolved = runtime.detect_accelerator(accelerator)
+    multislice.check_slices("", runtime.slice_count())  # the launcher's slices, if any
     count, core = parse_devices(devices)
     if resolved == "cpu":
         if core is not None:

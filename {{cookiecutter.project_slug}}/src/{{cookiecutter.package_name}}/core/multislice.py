@@ -23,6 +23,10 @@ SLICE_ID = "MEGASCALE_SLICE_ID"
 PORT = "MEGASCALE_PORT"
 # The port Ray (`ray.util.tpu`) and GKE's TPU webhook for KubeRay give the slices.
 DEFAULT_PORT = 8081
+# The backends that lay a device mesh over several slices (torch_xla's hybrid mesh). On
+# another, the slices of one job would each train on their own, every one writing the same
+# checkpoints: several slices are refused before anything is created or started.
+MESH_OVER_SLICES = ("torch_xla",)
 
 
 class MultisliceError(ValueError):
@@ -40,10 +44,20 @@ def parse_slice_count(text: str) -> int:
 
 
 def check_slices(accelerator_type: str, slices: int) -> None:
-    """Refuse more than one slice of a generation Cloud TPU cannot join into a multislice."""
+    """Refuse more than one slice on a backend that lays no mesh over slices, or of a
+    generation Cloud TPU cannot join into a multislice (`accelerator_type` "": unchecked)."""
     if slices < 1:
         raise MultisliceError(f"slice count {slices} is not a whole number of at least 1")
     if slices == 1:
+        return
+    backend = tpu_generations.BACKEND
+    if backend not in MESH_OVER_SLICES:
+        raise MultisliceError(
+            f"{slices} slices: the {backend} backend lays no device mesh over slices (each "
+            "slice would train on its own); train on one slice (SLICES=1), or bake a "
+            f"{' or '.join(MESH_OVER_SLICES)} project for a multislice"
+        )
+    if not accelerator_type:
         return
     try:
         generation, _ = tpu_generations.parse(accelerator_type)

@@ -4,9 +4,14 @@ every slice of a TPU."""
 from __future__ import annotations
 
 import shlex
+{%- if cookiecutter.python_version != "3.10" %}
+import tomllib
+{%- endif %}
 from pathlib import Path
 from typing import Annotated
-
+{% if cookiecutter.python_version == "3.10" %}
+import tomli as tomllib
+{%- endif %}
 import typer
 
 from ..cli_common import fail
@@ -84,6 +89,13 @@ def run(
     launch.finish(launch.run(lambda host: commands.remote_command(line, env_of(host))))
 
 
+def project_extras() -> list[str]:
+    """The extras the project offers (its pyproject.toml, where `pod sync` copies from)."""
+    with open("pyproject.toml", "rb") as file:
+        project = tomllib.load(file)["project"]
+    return sorted(project.get("optional-dependencies", {}))
+
+
 @pod_app.command("sync")
 def sync(
     tpu: Tpu = "",
@@ -100,11 +112,18 @@ def sync(
     install: Annotated[
         bool, typer.Option(help="pip install the project into --python after copying.")
     ] = True,
+    extras: Annotated[
+        str, typer.Option(help="The project's extras to install with it: wandb, or wandb,hf.")
+    ] = "",
 ) -> None:
     """Copy the project (src, configs, scripts, pyproject.toml...) to every worker."""
     sources = [name for name in SYNC_PATHS if Path(name).exists()]
     if "src" not in sources:
         fail("run pod sync from the project directory (no src/ here)")
+    wanted = [name.strip() for name in extras.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in project_extras()]
+    if unknown:
+        fail(f"the project has no extra {unknown[0]!r}: use {', '.join(project_extras())}")
     launch = Launch(
         tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run, slices
     )
@@ -117,7 +136,7 @@ def sync(
         launch.finish(copied)
     if not install:
         launch.finish(copied)
-    install_line = commands.remote_command(commands.install_command(python), {}, remote_dir)
+    install_line = commands.remote_command(commands.install_command(python, wanted), {}, remote_dir)
     launch.finish(launch.run(install_line))
 
 

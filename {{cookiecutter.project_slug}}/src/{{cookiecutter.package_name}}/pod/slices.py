@@ -34,8 +34,7 @@ def requested_slices(text: str, accelerator_type: str = "") -> int:
     """The slice count asked for, refused when the accelerator type cannot form it."""
     try:
         slices = parse_slice_count(text)
-        if slices > 1 and accelerator_type:
-            check_slices(accelerator_type, slices)
+        check_slices(accelerator_type, slices)
     except MultisliceError as error:
         raise PodError(str(error)) from None
     return slices

@@ -19,7 +19,7 @@ from .diagnostics import Diagnostics
 from .evaluation import Evaluator
 from .model import build, describe_parameters, parameter_counts, read_over, sharding_rules
 from .optim import build_optimizer, build_scheduler
-from .reporting import Reporter
+from .reporting import Reporter, steps_line
 from .state import Progress
 from .step import TrainStep
 from .throughput import Meter, Peak, count_flops, throughput_line
@@ -112,6 +112,7 @@ def fit(
     parameters = parameter_counts(model)
     reporter.line(describe_parameters(parameters))
     reporter.line(memory.describe(state_bytes, memory.device_peak_bytes(runtime.device())))
+    reporter.line(steps_line(total, cfg.max_steps, cfg.max_epochs, steps_per_epoch, progress.step))
     if resume_from is not None:
         reporter.line(
             f"resuming at step {progress.step} (epoch {progress.epoch}) from {resume_from}"
@@ -167,6 +168,7 @@ def fit(
                     if step.reason is not None:
                         reporter.line(f"step: traced every step ({step.reason})")
                     meter.start(at)
+                    reporter.warmed_up(at)
                 on_cadence = due(cadence, at)
                 # Processes must agree to stop, or one would wait forever in a collective;
                 # they exchange their flags (a host read) on the cadence only.

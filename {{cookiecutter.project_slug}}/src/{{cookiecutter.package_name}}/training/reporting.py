@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ class Reporter:
         self.console = Console(file=sys.stdout)
         self.loggers: list[Any] = loggers or []
         self.progress: Progress | None = None
+        self.total = total
+        self._warm: tuple[int, float] | None = None  # (step, time) once warm-up has run
         if not enabled:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -35,9 +38,10 @@ class Reporter:
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[status]}"),
                 TimeElapsedColumn(),
+                TextColumn("{task.fields[left]}"),
                 console=self.console,
             )
-            self._bar = self.progress.add_task("train", total=total, status="")
+            self._bar = self.progress.add_task("train", total=total, status="", left="")
             self.progress.start()
 
     @classmethod
@@ -59,16 +63,34 @@ class Reporter:
     def _print(self, text: str) -> None:
         self.console.print(text, highlight=False, soft_wrap=True)
 
+    def warmed_up(self, step: int) -> None:
+        """From here on the steps run at their steady pace: the time left is estimated from
+        them (evaluations and checkpoints included, as they recur)."""
+        self._warm = (step, time.monotonic())
+
+    def time_left(self, step: int) -> float | None:
+        """Seconds to the last step at the pace since warm-up (None before it)."""
+        if self._warm is None or step <= self._warm[0]:
+            return None
+        since, started = self._warm
+        pace = (time.monotonic() - started) / (step - since)
+        return max(0, self.total - step) * pace
+
     def scalars(self, step: int, values: dict[str, float], prefix: str) -> None:
         if not self.enabled:
             return
         for logger in self.loggers:
             logger.scalars(step, values, prefix)
         text = " ".join(f"{k}={_number(v)}" for k, v in values.items())
+        left = self.time_left(step) if prefix == "train" else None
+        left_text = "" if left is None else f"left {_duration(left)}"
         if self.progress is not None:
             self.progress.update(self._bar, completed=step, status=f"{prefix} {text}")
-        else:
-            self._print(f"step {step} {prefix} {text}")
+            if left is not None:
+                self.progress.update(self._bar, left=left_text)
+            return
+        line = f"step {step}/{self.total} {prefix} {text}"
+        self._print(f"{line} {left_text}" if left_text else line)
 
     def summary(self, data: dict[str, Any]) -> Path | None:
         """Write summary.json, give it to the loggers, close everything, and return the path."""
@@ -82,6 +104,23 @@ class Reporter:
         for logger in loggers:
             logger.summary(data)
         return path
+
+
+def steps_line(total: int, max_steps: int, epochs: int, per_epoch: int | None, done: int) -> str:
+    """What the run will train: its steps, where they come from, and how many are done."""
+    source = "max_steps" if max_steps > 0 else f"{epochs} epoch(s) of {per_epoch}"
+    start = f", from step {done}" if done else ""
+    return f"steps: {total} ({source}){start}"
+
+
+def _duration(seconds: float) -> str:
+    """1h02m, 3m05s, 12s: what a person reads at a glance."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _number(value: float) -> str:
