@@ -89,3 +89,37 @@ def test_make_install_takes_torch_from_torch_index_url() -> None:
     assert first < project, named
     plain = _make("-n", "install").stdout
     assert "--index-url" not in plain and "-e '.[dev]'" in plain
+
+
+@pytest.mark.parametrize("target", ["train-single", "train-8"])
+def test_training_targets_train_the_examples_config_unless_args_name_another(
+    target: str,
+) -> None:
+    """It gives `train` the example's config first, so a `--config` in ARGS (read last) wins."""
+    config = "configs/{{ cookiecutter.example_task }}.toml"
+
+    def train_line(*args: str) -> str:
+        (line,) = [x for x in _make("-n", target, *args).stdout.splitlines() if " train " in x]
+        return line
+
+    assert f" train --config {config} " in train_line(), train_line()
+    assert (PROJECT / config).is_file()
+    mine = train_line("ARGS=--config mine.toml")
+    assert mine.index(f"--config {config}") < mine.index("--config mine.toml"), mine
+
+
+def test_targets_run_on_a_worker_with_the_startup_scripts_environment(tmp_path: Path) -> None:
+    """It runs the project with the startup script's venv where `make install` made none (a
+    TPU VM worker after `pod sync`), and with VENV's once it exists."""
+    worker_python = tmp_path / "opt" / "bin" / "python"
+    worker_python.parent.mkdir(parents=True)
+    worker_python.symlink_to(sys.executable)
+    args = [f"WORKER_VENV={tmp_path / 'opt'}", "-n", "train-single"]
+    env = cli_env()
+    shown = subprocess.run(
+        ["make", "-C", str(PROJECT), f"VENV={tmp_path / 'none'}", *args],
+        env=env, capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    assert f"{worker_python} -m {{ cookiecutter.package_name }} train " in shown, shown
+    own = _make(*args).stdout
+    assert f"{sys.prefix}/bin/python -m {{ cookiecutter.package_name }} train " in own, own
