@@ -163,14 +163,18 @@ def profile(
     config: ConfigFile = None,
     steps: Annotated[int, typer.Option(help="Training steps to capture.")] = 20,
     max_steps: Annotated[int, typer.Option(help="Length of the run (warm-up included).")] = 60,
+{%- if cookiecutter.backend == "torch_xla" %}
     port: Annotated[int, typer.Option(help="Profiler server port.")] = 9012,
+{%- endif %}
     run_dir: Annotated[str, typer.Option(help="Where the trace goes.")] = "runs/profile",
     sets: Sets = None,
 ) -> None:
     """Train briefly and capture a profiler trace into RUN_DIR/profile for TensorBoard."""
     flags = {
         "profile_steps": steps,
+{%- if cookiecutter.backend == "torch_xla" %}
         "profile_port": port,
+{%- endif %}
         "max_steps": max_steps,
         "run_dir": run_dir,
         "metrics_report": True,

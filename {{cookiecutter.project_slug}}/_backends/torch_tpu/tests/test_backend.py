@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from {{ cookiecutter.package_name }}.core import launcher, runtime, tpu_generations
 from {{ cookiecutter.package_name }}.core.precision import Precision
 from {{ cookiecutter.package_name }}.core.runtime import RuntimeConfigError
+
+from training_helpers import cli, write_config
 
 
 def test_auto_is_single_on_one_device_and_ddp_on_more():
@@ -52,6 +56,45 @@ def test_scan_layers_and_legacy_bf16_are_refused():
         launcher.make_plan("cpu", 1).strategy.check_scan()
     with pytest.raises(ValueError, match="use bf16-true"):
         Precision.from_name("bf16-env")
+
+
+# What only torch_xla offers, asked of this backend on the command line: (args, the refusal).
+TORCH_XLA_ONLY = {
+    "spmd": (["--strategy", "spmd", "--devices", "2"], "use --strategy ddp or fsdp"),
+    "context-axis": (
+        ["--strategy", "fsdp", "--devices", "2", "--mesh", "context=2"],
+        "mesh axis 'context' is not offered by the torch_tpu backend",
+    ),
+    "expert-axis": (
+        ["--strategy", "fsdp", "--devices", "2", "--mesh", "fsdp=1,expert=2"],
+        "mesh axis 'expert' is not offered by the torch_tpu backend",
+    ),
+    "bf16-env": (["--precision", "bf16-env"], "use bf16-true"),
+    "scan-layers": (["--set", "scan_layers=true"], "torch_xla's scan"),
+    "compile-cache": (["--set", "compile_cache=/tmp/cache"], "compile_cache = '/tmp/cache' is"),
+    "profile-port": (["--set", "profile_port=9013"], "opens no profiler server"),
+    "slices": (["--env-slices"], "lays no device mesh over slices"),
+}
+
+
+@pytest.mark.parametrize(("args", "refusal"), TORCH_XLA_ONLY.values(), ids=TORCH_XLA_ONLY)
+def test_what_only_torch_xla_offers_is_refused_in_one_line_before_a_run(
+    tmp_path: Path, args: list[str], refusal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It refuses each of torch_xla's own settings in one line, exit 2, before the run writes
+    anything."""
+    if args == ["--env-slices"]:  # what the pod launcher sets for two slices
+        args = []
+        monkeypatch.setenv("MEGASCALE_NUM_SLICES", "2")
+        monkeypatch.setenv("MEGASCALE_SLICE_ID", "0")
+    config = write_config(tmp_path, max_steps=2)
+    run_dir = tmp_path / "run"
+    done = cli("train", "--config", str(config), "--run-dir", str(run_dir), *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert refusal in lines[0], lines[0]
+    assert not run_dir.exists()
 
 
 def test_generations_torch_tpu_cannot_run_are_refused():

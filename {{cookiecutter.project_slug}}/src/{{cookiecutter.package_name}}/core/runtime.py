@@ -32,6 +32,11 @@ from .topology import topology as topology
 ACCELERATORS = ("auto", "tpu", "cpu")
 
 
+def check_settings(changed: dict[str, Any]) -> None:
+    """Refuse the run settings (those set away from their defaults) this backend does not
+    offer: torch_xla offers every one."""
+
+
 def mesh_slice_count() -> int:
     """The slices the device mesh spans: slice_count() on TPU. On XLA:CPU each process is a
     world of its own (a pod rehearsal's workers), so a launcher's slice variables make no mesh."""

@@ -77,8 +77,17 @@ class TrainConfig:
     # [[pattern, [axis or null per dimension]], ...]: parameter layouts over the mesh
     sharding_rules: list[Any] = field(default_factory=list)
 
+    def changed(self) -> dict[str, Any]:
+        """The settings given other values than their defaults (those with a plain default)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.default is not dataclasses.MISSING and getattr(self, f.name) != f.default
+        }
+
     def validate(self) -> TrainConfig:
         """Raise ConfigError for values no run can use."""
+        from ..core import runtime
         from ..core.precision import Precision
 
         positive = ("batch_size", "grad_accum", "keep_checkpoints")
@@ -120,6 +129,7 @@ class TrainConfig:
             )
         try:
             Precision.from_name(self.precision)
+            runtime.check_settings(self.changed())
         except ValueError as error:
             raise ConfigError(str(error)) from None
         if self.goodput not in GOODPUT_MODES:

@@ -39,6 +39,24 @@ ACCELERATORS = ("auto", "tpu", "cpu")
 ACCELERATOR_VARIABLE = "TORCH_TPU_PROJECT_ACCELERATOR"
 
 
+# Settings of torch_xla's this backend has no counterpart for (docs/torch-tpu.md lists them
+# with the rest it does not offer): each is refused in one line, with what to do instead.
+UNOFFERED_SETTINGS = {
+    "compile_cache": "TorchTPU keeps its compiled programs itself and this backend sets no "
+    "cache of its own: leave compile_cache unset",
+    "profile_port": "`profile` records with torch.profiler in the training process and opens "
+    "no profiler server: leave profile_port unset",
+}
+
+
+def check_settings(changed: dict[str, Any]) -> None:
+    """Refuse the run settings (those set away from their defaults) this backend does not
+    offer."""
+    for key, why in UNOFFERED_SETTINGS.items():
+        if key in changed:
+            raise RuntimeConfigError(f"{key} = {changed[key]!r} is torch_xla's: {why}")
+
+
 def mesh_slice_count() -> int:
     """The slices the device mesh spans: one (this backend lays no mesh over slices)."""
     return 1
