@@ -658,6 +658,9 @@ def test_make_refuses_slices_the_type_cannot_form_before_calling_gcloud(tmp_path
     assert (tmp_path / "gcloud.ran").exists()
 
 
+{%- if cookiecutter.backend == "torch_xla" %}
+
+
 @pytest.mark.slow
 def test_make_pod_rehearsal_of_two_slices_trains_on_every_worker(tmp_path: Path) -> None:
     """It syncs to and trains on one fake worker in each of two slices."""
@@ -669,6 +672,7 @@ def test_make_pod_rehearsal_of_two_slices_trains_on_every_worker(tmp_path: Path)
         run = tmp_path / "pod" / f"{SLUG}-{slice_index}" / "worker-0" / SLUG / "runs"
         assert (run / "default" / "summary.json").is_file()
     assert "pod: 2/2 workers succeeded" in result.stderr
+{%- endif %}
 
 
 def test_every_make_target_is_listed_in_help() -> None:
