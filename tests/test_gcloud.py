@@ -397,6 +397,37 @@ def test_train_pod_trains_two_steps_on_every_worker(make: Callable[..., Ran], po
     assert not [c for c in ran.calls if c.method == "PATCH"]
 
 
+def test_the_docs_worker_commands_run_as_written_on_a_synced_worker(
+    make: Callable[..., Ran], pod: Pod
+) -> None:
+    """It installs an extra on every worker with `make pod-sync EXTRAS=wandb`, then on worker
+    0, in the synced project as `make tpu-ssh` leaves a user there, runs `make prepare` and
+    `make train-single` as the docs write them: with the startup script's environment, the
+    only one a worker has."""
+    synced = make("pod-sync", "EXTRAS=wandb")
+    succeeded(synced)
+    assert f"pod: {WORKERS}/{WORKERS} workers succeeded" in synced.stderr
+    home = pod.workers[0].home / SLUG
+    assert not (home / ".venv").exists()  # pod sync copies none: the worker's is /opt's
+    lines = [json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n"}) for i in range(400)]
+    (home / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    options = "ARGS='--config configs/rehearsal.yaml'"
+    prepared = pod.run(
+        0, f"cd {SLUG} && make prepare INPUTS=corpus.jsonl OUT=data/corpus {options}"
+    )
+    assert prepared.returncode == 0, prepared.stdout + prepared.stderr
+    assert f"{VENV}/bin/python -m {PACKAGE} prepare corpus.jsonl" in prepared.stdout
+    assert (home / "data" / "corpus").is_dir()
+    train = (
+        "make train-single ACCELERATOR=cpu CONFIG=configs/rehearsal.yaml "
+        "ARGS='--data data/corpus --max-steps 2 --log-every 1 --eval-every 0 --run-dir runs/w0'"
+    )
+    trained = pod.run(0, f"cd {SLUG} && {train}")
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert "steps: 2 (max_steps)" in trained.stdout, trained.stdout
+    assert (home / "runs" / "w0" / "summary.json").is_file()
+
+
 def test_pod_kill_frees_the_tpu_on_every_worker(make: Callable[..., Ran], pod: Pod) -> None:
     """It runs the kill script on every worker and drops each worker's own libtpu lockfile."""
     for worker in pod.workers[:WORKERS]:
@@ -655,7 +686,10 @@ def test_torch_tpu_train_pod_is_one_job_over_two_hosts_with_one_process_losses(
     assert not summaries[1].exists()  # the job's first process writes it
     job = json.loads(summaries[0].read_text(encoding="utf-8"))
     assert (job["strategy"], job["devices"], job["global_batch"]) == ("ddp", 2, 8)
-    assert any(line.startswith(f"step {TORCH_TPU_STEPS}/{TORCH_TPU_STEPS} train loss=") for line in ran.lines(0))
+    assert any(
+        line.startswith(f"step {TORCH_TPU_STEPS}/{TORCH_TPU_STEPS} train loss=")
+        for line in ran.lines(0)
+    )
     # Both hosts end with the job's evaluation, the same numbers: one job, not two runs.
     evaluations = [[json.loads(line) for line in ran.lines(w) if line.startswith('{"loss"')]
                    for w in range(WORKERS)]  # fmt: skip
