@@ -47,3 +47,12 @@ def barrier(group: Any) -> None:
     import torch.distributed as dist
 
     dist.barrier(group=group)
+
+
+def all_gather_objects(value: Any, group: Any) -> list[Any]:
+    """Every process's `value` (any picklable object) over `group`, in rank order."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, value, group=group)
+    return gathered

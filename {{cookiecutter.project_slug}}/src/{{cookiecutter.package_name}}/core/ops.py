@@ -41,6 +41,31 @@ def to_host(tensors: list[torch.Tensor]) -> list[float]:
     return [float(value) for value in values]
 
 
+def read_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Computed device tensors as CPU tensors, all read in one device-to-host transfer."""
+    import torch_xla.core.xla_model as xm
+
+    values: Any = xm._maybe_convert_to_cpu(list(tensors))  # one transfer for the list
+    return list(values)
+
+
+def upload(tensor: torch.Tensor) -> torch.Tensor:
+    """A host tensor on this process's device, in a buffer of its own: torch_xla hands
+    uploads of equal small values one shared buffer, which a compiled step reading several of
+    them would take for one input."""
+    import torch_xla
+
+    from .runtime import device
+
+    X = torch_xla._XLAC
+    cached = X._get_xla_enable_device_data_cache()
+    X._set_xla_enable_device_data_cache(False)
+    try:
+        return tensor.to(device())
+    finally:
+        X._set_xla_enable_device_data_cache(cached)
+
+
 def to_device(values: list[float]) -> torch.Tensor:
     """Host numbers as one float32 tensor on this process's device (an upload, not a read)."""
     from .runtime import device

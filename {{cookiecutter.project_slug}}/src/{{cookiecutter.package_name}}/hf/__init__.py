@@ -8,7 +8,9 @@ here imports `transformers` unless the model came from it: projects without it w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -17,7 +19,14 @@ from .common import HFConfigError, is_hf_model, unwrap
 if TYPE_CHECKING:
     from .moe import MoeSettings
 
-__all__ = ["HFConfigError", "block_class", "is_hf_model", "prepare", "unwrap"]
+__all__ = [
+    "HFConfigError",
+    "block_class",
+    "generation_mode",
+    "is_hf_model",
+    "prepare",
+    "unwrap",
+]
 
 
 def prepare(model: nn.Module, moe: MoeSettings | None = None) -> nn.Module:
@@ -62,3 +71,41 @@ def block_class(model: nn.Module) -> type[nn.Module] | None:
         if type(module).__name__ in names:
             return type(module)
     return None
+
+
+@contextlib.contextmanager
+def generation_mode(model: nn.Module) -> Iterator[None]:
+    """Run `model` as generation needs, then as before: in eval mode, attention through
+    transformers' SDPA (whose masks read the static cache's positions; without reading the
+    device, as in training), and a mixture's experts dropless (no token over a capacity:
+    the next token is the one transformers' own experts give)."""
+    inner = unwrap(model)
+    if inner is None:
+        yield
+        return
+    from .experts import SETTINGS, Routing
+    from .masks import static_masks
+    from .moe import experts_modules
+
+    static_masks()
+    training = model.training
+    attention = inner.config._attn_implementation
+    experts = experts_modules(model)
+    routings: list[Any] = [getattr(module, SETTINGS, None) for module in experts]
+    model.eval()
+    if attention != "sdpa":
+        inner.set_attn_implementation("sdpa")
+    for module, routing in zip(experts, routings, strict=True):
+        grouped = routing.grouped_matmul if routing is not None else True
+        setattr(module, SETTINGS, Routing(0.0, grouped))
+    try:
+        yield
+    finally:
+        for module, routing in zip(experts, routings, strict=True):
+            if routing is None:
+                delattr(module, SETTINGS)
+            else:
+                setattr(module, SETTINGS, routing)
+        if attention != "sdpa":
+            inner.set_attn_implementation(attention)
+        model.train(training)

@@ -176,6 +176,13 @@ def router_metrics(model: nn.Module) -> dict[str, torch.Tensor]:
     return metrics
 
 
+def drop_router_numbers(model: nn.Module) -> None:
+    """Forget the last forward's router counts: a forward whose numbers nobody logs
+    (generation) must leave no tensor behind (a compiled step keeps none of its own)."""
+    for module in experts_modules(model):
+        vars(module).pop(LOADS, None)
+
+
 def active_parameters(model: nn.Module) -> int | None:
     """Parameters one token uses: all but the experts it is not routed to (None: no experts)."""
     experts = experts_modules(model)

@@ -137,6 +137,30 @@ class Strategy:
         process holds its own, whole)."""
         return None
 
+    def place_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor whose first dimension is this process's rows of a batch (a batch of
+        prompts, a key/value cache's slots), on the device and laid out as a batch is."""
+        from .. import ops
+
+        return ops.upload(tensor)
+
+    def keep_rows(self, tensor: torch.Tensor) -> None:
+        """Have a tensor a compiled step computes laid out as `place_rows` lays it out (the
+        step's next run then reads its state as it read it the first time)."""
+
+    def settle(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Give each of `tensors` that has no layout the one a compiled step's output of it
+        gets, so the step's first run reads its state as every later run does."""
+
+    def keep_whole(self, tensor: torch.Tensor) -> None:
+        """Have a tensor a compiled step computes laid out whole on every device (the host
+        reads it); one process's tensors are whole already."""
+
+    def local_heads(self, heads: int) -> int:
+        """How many of a layer's `heads` (key/value heads) the attention of one process
+        computes on: all of them, but for a tensor-parallel process's share."""
+        return heads
+
     # ---- model and optimizer state -----------------------------------------------
     def setup_model(
         self,

@@ -110,6 +110,44 @@ class SpmdDataParallel(interface.OnMesh, Strategy):
             spec[1] = SEQUENCE_AXIS
         return tuple(spec)
 
+    def place_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        """On the device, its rows over the batch axes and, for a [rows, heads, ...] tensor of
+        a mesh with a `tensor` axis that divides the heads, its heads over `tensor`."""
+        from .. import ops
+
+        rows = math.prod(size for axis, size in self.mesh_shape() if axis in BATCH_AXES)
+        if tensor.shape[0] % rows:
+            raise RuntimeConfigError(
+                f"{tensor.shape[0]} rows do not split over the mesh's batch axes "
+                f"({rows} ways): use a multiple of {rows}"
+            )
+        placed = ops.upload(tensor)
+        self.keep_rows(placed)
+        return placed
+
+    def keep_rows(self, tensor: torch.Tensor) -> None:
+        import torch_xla.distributed.spmd as xs
+
+        spec: list[Any] = [self.batch_axes()] + [None] * (tensor.dim() - 1)
+        parts = self.mesh_axes().get("tensor", 1)
+        if tensor.dim() == 4 and parts > 1 and tensor.shape[1] % parts == 0:
+            spec[1] = "tensor"
+        xs.mark_sharding(tensor, self.mesh(), tuple(spec))
+
+    def settle(self, tensors: Sequence[torch.Tensor]) -> None:
+        # A tensor uploaded without a sharding comes out of a graph replicated.
+        import torch_xla
+
+        for tensor in tensors:
+            if not torch_xla._XLAC._get_xla_sharding_spec(tensor):
+                self.keep_whole(tensor)
+
+    def keep_whole(self, tensor: torch.Tensor) -> None:
+        """Replicated over the mesh: reading a split tensor compiles a gather at every read."""
+        import torch_xla.distributed.spmd as xs
+
+        xs.mark_sharding(tensor, self.mesh(), (None,) * tensor.dim())
+
     # ---- processes and data -------------------------------------------------------
     def is_master(self) -> bool:
         return runtime.process_index() == 0

@@ -45,6 +45,19 @@ def to_host(tensors: list[torch.Tensor]) -> list[float]:
     return [float(value) for value in values.cpu()]
 
 
+def read_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Computed device tensors as CPU tensors: one deliberate read, counted."""
+    health.count_transfer()
+    return [tensor.detach().cpu() for tensor in tensors]
+
+
+def upload(tensor: torch.Tensor) -> torch.Tensor:
+    """A host tensor on this process's device."""
+    from .runtime import device
+
+    return tensor.to(device())
+
+
 def to_device(values: list[float]) -> torch.Tensor:
     """Host numbers as one float32 tensor on this process's device (an upload, not a read)."""
     from .runtime import device

@@ -81,6 +81,10 @@ class FullyShardedDataParallel(interface.OnMesh, ProcessPerDevice):
     def tensor_size(self) -> int:
         return self.mesh_axes().get("tensor", 1)
 
+    def local_heads(self, heads: int) -> int:
+        # A tensor-parallel layer's projections give each process its share of the heads.
+        return heads // self.tensor_size()
+
     # ---- data -----------------------------------------------------------------------
     def data_layout(self) -> tuple[int, int]:
         # `tensor` is the innermost axis: the processes of one tensor group read one batch.
