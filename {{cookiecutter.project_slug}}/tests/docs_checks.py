@@ -32,7 +32,7 @@ class PageCheck(CommandChecks):
         for snippet in snippets(text):
             self.line = snippet.line
             if snippet.kind != "toml":
-                for path in named_paths(snippet.text):
+                for path in named_paths(snippet.text, (self.project.slug, self.project.package)):
                     self.count("paths")
                     if not self.project.has(path):
                         self.fail("paths", path, "the project has no such file or folder")

@@ -149,8 +149,9 @@ def is_placeholder(word: str) -> bool:
     return all(re.fullmatch(r"[A-Z][A-Z0-9_-]*", part) for part in word.split("=") if part)
 
 
-def named_paths(text: str) -> list[str]:
-    """The project files a snippet names (rule in tests/test_docs_match_code.py's docstring)."""
+def named_paths(text: str, project_names: tuple[str, ...] = ()) -> list[str]:
+    """The project files a snippet names (rule in tests/test_docs_match_code.py's docstring);
+    `project_names` (its slug, its package) are never the reader's own."""
     found = []
     for match in FOLDER_PATH.finditer(text):
         path = match.group(1).rstrip(".")
@@ -159,11 +160,11 @@ def named_paths(text: str) -> list[str]:
             continue  # `data/corpus`: an output folder, not the data package
         found.append(path)
     found += [match.group(1) for match in FILE_NAME.finditer(text)]
-    return [path for path in found if not readers_own(path)]
+    return [path for path in found if not readers_own(path, project_names)]
 
 
-def readers_own(path: str) -> bool:
+def readers_own(path: str, project_names: tuple[str, ...] = ()) -> bool:
     """A file the page asks the reader to write (READERS_OWN), or a stand-in
     (`TPU_NAME-S/...`): not one the project ships."""
-    parts = [part for part in path.split("/") if part]
+    parts = [part for part in path.split("/") if part and part not in project_names]
     return any(READERS_OWN.match(part) or is_placeholder(part) for part in parts)

@@ -19,14 +19,16 @@ OTHERS = {
     "hf", "stress",
 }  # fmt: skip
 # Shell builtins and the utilities a page may show around the commands it is about.
-SHELL = {"cd", "export", "source", "echo", "cat", "ls", "mkdir", "rm", "cp", "kill"}
+SHELL = {"cd", "export", "source", "echo", "cat", "ls", "mkdir", "rm", "cp", "kill", "bash", "sh"}
 # Modules `python -m` runs that are not the project's.
 OTHER_MODULES = {"pip", "pytest", "venv", "torch", "torch_xla", "ray"}
 # Where a program takes a whole command line as one option's value.
 COMMAND_OPTIONS = {"xpk": "--command", "gcloud": "--command"}
 # Project commands whose words after `--` are another command: `pod run` runs them as a shell
 # line on every worker; `pod train` and `spot task` hand them to `train`.
-INNER = {("pod", "run"): None, ("pod", "train"): ("train",), ("spot", "task"): ("train",)}
+INNER: dict[tuple[str, ...], tuple[str, ...] | None] = {
+    ("pod", "run"): None, ("pod", "train"): ("train",), ("spot", "task"): ("train",)
+}  # fmt: skip
 DOCKER_VALUE_OPTIONS = {
     "-e", "--env", "-v", "--volume", "--name", "-p", "--publish", "-w", "--workdir", "-u",
     "--user", "--group-add", "--cap-add", "--device", "--env-file", "--mount", "--network",

@@ -39,7 +39,9 @@ class ConfigChecks(ClaimCheck):
         self.count("keys", len(overrides))
         path = self.project.root / str(config_file) if config_file else None
         known_file = path if path is not None and path.is_file() else None  # else: the reader's
-        self.settle(known_file, overrides, " ".join(f"--set {item}" for item in sets) or "flags")
+        shown = [f"--set {item}" for item in sets]
+        shown += [f"--{key.replace('_', '-')} {value}" for key, value in flags.items()]
+        self.settle(known_file, overrides, " ".join(shown) or "the defaults")
 
     def toml_block(self, text: str) -> None:
         try:

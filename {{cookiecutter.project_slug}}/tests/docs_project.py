@@ -215,4 +215,4 @@ class Project:
     def image_runs_cli(self) -> bool:
         """Whether the Dockerfile's entrypoint is the project's CLI (`python -m <package>`)."""
         found = re.search(r"^ENTRYPOINT (\[.*\])", (self.root / "Dockerfile").read_text(), re.M)
-        return bool(found) and json.loads(found.group(1))[1:] == ["-m", self.package]
+        return found is not None and json.loads(found.group(1))[1:] == ["-m", self.package]
