@@ -31,8 +31,6 @@ _START = r"(?<![\w./~$:@%-])(?:\./)?"
 FOLDER_PATH = re.compile(_START + rf"((?:{_FOLDERS})/[\w./*-]*)")
 _NAMES = "|".join(map(re.escape, PROJECT_FILES))
 FILE_NAME = re.compile(_START + rf"([\w-]+\.(?:py|sh)|{_NAMES})(?![\w/.-])")
-
-
 # A heading that says its section shows what the code refuses ("Not offered on this backend").
 REFUSED_SECTION = re.compile(r"not offered|refused|unsupported|not supported", re.IGNORECASE)
 # A file the page has the reader write: `configs/my-task.toml`, `my_task.py`, `mine.toml`.

@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from docs_claims import is_placeholder
+from docs_claims import ENV_ASSIGNMENT, is_placeholder
 
 ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*(?:\?=|::=|:=|\+=|=)(.*)$")
 RULE = re.compile(r"^([^\s:=#][^:=]*?)\s*:(?![:=])(.*)$")
 REFERENCE = re.compile(r"\$[({]([A-Za-z_][A-Za-z0-9_]*)[)}]")
-ASSIGNED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")  # VAR=value on a command line
 RECURSION = re.compile(r"\$[({]MAKE[)}]([^;&|]*)")
 # The ARGS value `expand` hands make, found again in the commands it prints.
 ARGS_MARK = "@DOCS_ARGS@"
@@ -155,7 +154,7 @@ def make_words(args: list[str]) -> tuple[list[str], dict[str, str]]:
             skip = False
         elif word.startswith("-"):
             skip = word in ("-C", "-f", "-j", "-I", "-o", "-W")
-        elif ASSIGNED.match(word):
+        elif ENV_ASSIGNMENT.match(word):
             name, _, value = word.partition("=")
             variables[name] = value
         elif not is_placeholder(word):
