@@ -12,14 +12,15 @@ from helpers import Baked, pytest_summary
 from users_shell import install_the_users_way, run
 
 # What the torch_tpu bake of the hf-causal-lm example runs of its suite: the quick tier of the
-# tests its task changes, and its every-layout runs whole (a tiny Llama, LoRA under FSDP2, a
-# saved one read by shards).
+# tests its task changes and its docs held against its code (which `make test` also runs, in
+# the template's environment: test_baked_suites.py), and its every-layout runs whole (a tiny
+# Llama, LoRA under FSDP2, a saved one read by shards).
 # The rest is the shared code's suite, which the torch_tpu lm bake runs whole
 # (test_torch_tpu_bake_installs_and_passes_its_suite_from_a_plain_shell); the slow tier of the
 # Hugging Face tests trains each decoder and mixture under fsdp, for minutes each.
 TORCH_TPU_HF_QUICK = (
     "-m 'not slow' tests/test_task_hf_causal_lm.py tests/test_hf_models.py tests/test_hf_moe.py "
-    "tests/test_lora.py tests/test_hf_export.py"
+    "tests/test_lora.py tests/test_hf_export.py tests/test_docs_match_code.py"
 )
 
 

@@ -171,7 +171,8 @@ def depth_sweep(depths: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line this script takes (the docs' commands are checked against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--rounds", type=int, default=None, help="override rounds per workload")
@@ -184,7 +185,11 @@ def main() -> int:
         "--profile", action="store_true", help="also profile each contender's steps (profile.md)"
     )
     parser.add_argument("--depth-worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = parser().parse_args()
     if args.depth_worker:
         layers, scan = (int(part) for part in args.depth_worker.split(","))
         Path(args.result).write_text(json.dumps(depth_run(layers, bool(scan))))

@@ -155,7 +155,8 @@ def gcs_to_gcs(corpus: Path, out: Path, tokenizer: Any, workers: int) -> dict[st
         _stop(process)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line this script takes (the docs' commands are checked against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=50)
     parser.add_argument("--vocab", type=int, default=16_000)
@@ -163,7 +164,11 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="Also on a local Ray cluster.")
     parser.add_argument("--gcs", action="store_true", help="Also gs:// to gs:// (local server).")
     parser.add_argument("--out", type=Path, default=Path("runs/data-bench"))
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     import shutil
 
     shutil.rmtree(args.out / "prepared", ignore_errors=True)

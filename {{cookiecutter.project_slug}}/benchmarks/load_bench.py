@@ -337,7 +337,8 @@ def fine_tune(args: argparse.Namespace) -> None:
     args.out.write_text(json.dumps({"title": title, "runs": ways, "table": table}, indent=2))
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line this script takes (the docs' commands are checked against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--make-model", type=Path, metavar="DIR", help="Write a model there.")
     parser.add_argument("--size", choices=sorted(SIZES), default="1b")
@@ -356,7 +357,12 @@ def main() -> None:
     parser.add_argument("--optimizer", default="sgd", help="With --fine-tune.")
     parser.add_argument("--batch-size", type=int, default=1, help="With --fine-tune.")
     parser.add_argument("--fine-tune-way", choices=("by shards", "whole"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    command_line = parser()
+    args = command_line.parse_args()
     if args.make_model and not args.fine_tune_way:
         make_model(args.make_model, args.size, args.shard_size)
     if args.fine_tune_way:  # one of --fine-tune's two runs, in its own process
@@ -366,7 +372,7 @@ def main() -> None:
     elif args.model:
         run(args)
     elif not args.make_model:
-        parser.error("give --make-model DIR, --model DIR, or both")
+        command_line.error("give --make-model DIR, --model DIR, or both")
 
 
 if __name__ == "__main__":

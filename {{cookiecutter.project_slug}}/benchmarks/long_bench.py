@@ -78,7 +78,8 @@ def environment(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PJRT_DEVICE": "CPU", **extra}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line this script takes (the docs' commands are checked against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=6)
@@ -87,7 +88,11 @@ def main() -> None:
         "--model", nargs="*", default=["dim=32", "layers=1", "heads=8"],
         help="task_options of the model (its heads divide by 8: the flash layout's rule)",
     )  # fmt: skip
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     sets = ["--set", f"task_options.seq_len={args.seq_len}"]
     sets += [item for pair in args.model for item in ("--set", f"task_options.{pair}")]

@@ -146,7 +146,8 @@ def disk(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line this script takes (the docs' commands are checked against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--delay-ms", type=float, default=50.0)
     parser.add_argument("--steps", type=int, default=400)
@@ -158,7 +159,11 @@ def main() -> None:
         "--model", nargs="*", default=["dim=32", "layers=1", "heads=2"],
         help="task_options of the model: small, so the step is short and waits would show",
     )  # fmt: skip
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     emulator, port = start_emulator(args.out)
     proxy = Proxy(port, args.delay_ms / 1000)

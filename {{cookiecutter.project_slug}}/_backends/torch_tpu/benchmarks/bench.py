@@ -173,13 +173,18 @@ def run(contender: str, devices: int, steps: int, mesh: str) -> float:
     return float(result["steps_per_second"])
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line this script takes (the docs' commands are checked against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("runs/bench"))
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     runtime.configure("cpu")
     workloads = {f"fsdp-x{args.devices}": (args.devices, ""),
                  "fsdp-x-tensor-2x2": (4, "fsdp=2,tensor=2")}  # fmt: skip

@@ -10,6 +10,7 @@ its seeded initialisation) when a run resumes, evaluates or exports.
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
@@ -146,6 +147,8 @@ def _check_expert_targets(model: nn.Module, targets: tuple[str, ...] | str) -> N
 
 def is_lora(model: nn.Module) -> bool:
     """True for a model with peft adapters (its checkpoints hold only what trains)."""
+    if "peft" not in sys.modules:
+        return False  # nothing made adapters: peft's import (seconds) would find none
     try:
         from peft import PeftModel
     except ImportError:
