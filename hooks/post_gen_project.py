@@ -40,10 +40,11 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
     ),
 }
 # The corpus helpers and the data package (`prepare`, prepared datasets) serve the text tasks,
-# and so do the pages on data and long sequences.
+# and so do generation (`generate`) and the pages on data and long sequences.
 TEXT_TASK_FILES = (
     "src/{package}/tasks/_corpus.py",
     "src/{package}/data",
+    "src/{package}/generation",
     "tests/data_helpers.py",
     "tests/test_data_prepare.py",
     "tests/test_data_training.py",

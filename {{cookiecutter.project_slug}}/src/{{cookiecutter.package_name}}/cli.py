@@ -23,6 +23,7 @@ from .cli_common import (
 from .core.runtime import RuntimeConfigError
 {%- if cookiecutter.example_task != "vision" %}
 from .data.cli import prepare_command
+from .generation.cli import generate_command
 {%- endif %}
 from .goodput import cli as goodput_cli
 from .goodput.timeline import record_failure
@@ -37,6 +38,7 @@ app.add_typer(pod_app, name="pod")
 app.add_typer(spot_app, name="spot")
 {%- if cookiecutter.example_task != "vision" %}
 app.command("prepare")(prepare_command)
+app.command("generate")(generate_command)
 {%- endif %}
 app.command()(plan)
 app.command("goodput")(goodput_cli.goodput_command)
