@@ -45,6 +45,7 @@ TEXT_TASK_FILES = (
     "src/{package}/tasks/_corpus.py",
     "src/{package}/data",
     "src/{package}/generation",
+    "src/{package}/harness",
     "tests/data_helpers.py",
     "tests/test_data_prepare.py",
     "tests/test_data_training.py",

@@ -213,14 +213,38 @@ def debug(
 
 @app.command("eval")
 def evaluate(
-    checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)],
+    checkpoint: Annotated[str | None, typer.Option(help=CHECKPOINT_HELP)] = None,
     accelerator: Annotated[str | None, typer.Option(help="auto, tpu or cpu.")] = None,
     devices: Annotated[str | None, typer.Option(help="1, 8, all, or [core].")] = None,
     strategy: Annotated[str | None, typer.Option(help=STRATEGY_HELP)] = None,
     mesh: Annotated[str | None, typer.Option(help=MESH_HELP)] = None,
     data: Annotated[str | None, typer.Option(help="Evaluate on other data.")] = None,
+{%- if cookiecutter.example_task != "vision" %}
+    tasks: Annotated[
+        str | None,
+        typer.Option(help="lm-evaluation-harness tasks instead of the loss: arc_easy,gsm8k."),
+    ] = None,
+    include_path: Annotated[
+        str | None, typer.Option(help="A folder (or gs://) of your own task YAML files.")
+    ] = None,
+    limit: Annotated[
+        float | None, typer.Option(help="Samples per task (a share if below 1), lm-eval's limit.")
+    ] = None,
+    num_fewshot: Annotated[int | None, typer.Option(help="Few-shot examples per prompt.")] = None,
+    log_samples: Annotated[
+        bool, typer.Option(help="Also write each task's per-sample records.")
+    ] = False,
+    out: Annotated[str, typer.Option(help="Where lm-eval's results go.")] = "runs/eval",
+    buckets: Annotated[
+        str, typer.Option(help="Sequence-length buckets, ascending: one compiled step each.")
+    ] = "256,1024",
+    slots: Annotated[int, typer.Option(help="Sequences a forward, over the job.")] = 8,
+    config: ConfigFile = None,
+    sets: Sets = None,
+{%- endif %}
 ) -> None:
-    """Evaluate a checkpoint (resharded to any strategy) and print the metrics as JSON."""
+    """Evaluate a checkpoint (resharded to any strategy) and print the metrics as JSON{% if cookiecutter.example_task != "vision" %}; with
+    --tasks, run lm-evaluation-harness tasks on it or on the config's model{% endif %}."""
     from .core import launch
     from .core.checkpoint_files import CheckpointError
     from .training import plan_of
@@ -228,13 +252,21 @@ def evaluate(
     from .training.config import ConfigError, build_config
     from .training.evaluation import evaluate_checkpoint
 
+    flags = {"accelerator": accelerator, "devices": devices, "strategy": strategy}
+    flags.update({"mesh": mesh, "data": data})
+{%- if cookiecutter.example_task != "vision" %}
+    if tasks is not None:
+        _benchmarks(checkpoint, config, sets, flags, tasks, include_path, limit, num_fewshot,
+                    log_samples, out, buckets, slots)  # fmt: skip
+        return
+{%- endif %}
+    if checkpoint is None:
+        fail("eval needs --checkpoint (a run's checkpoint or its directory){% if cookiecutter.example_task != "vision" %}, or --tasks{% endif %}")
     try:
         path, saved = read_config(checkpoint)
         saved = {k: v for k, v in saved.items() if k != "resume"}
         if strategy is not None and mesh is None:
             saved["mesh"] = ""  # the saved mesh belongs to the saved strategy
-        flags = {"accelerator": accelerator, "devices": devices, "strategy": strategy}
-        flags.update({"mesh": mesh, "data": data})
         saved.update({k: v for k, v in flags.items() if v is not None})
         cfg = build_config(None, saved)
         plan = plan_of(cfg)
@@ -244,6 +276,36 @@ def evaluate(
     except (CheckpointError, ConfigError, RuntimeConfigError, ValueError) as error:
         fail(str(error))
     typer.echo(json.dumps(metrics))
+{%- if cookiecutter.example_task != "vision" %}
+
+
+def _benchmarks(
+    checkpoint: str | None, config: Path | None, sets: list[str] | None,
+    flags: dict[str, Any], tasks: str, include_path: str | None, limit: float | None,
+    num_fewshot: int | None, log_samples: bool, out: str, buckets: str, slots: int,
+) -> None:  # fmt: skip
+    """`eval --tasks`: lm-eval on the checkpoint's model, or the config's."""
+    from .core import launch
+    from .core.checkpoint_files import CheckpointError
+    from .generation.cli import parse_buckets, run_config
+    from .harness.cli import Benchmarks, check, parse_tasks, run_benchmarks
+    from .training import plan_of
+    from .training.config import ConfigError
+
+    try:
+        benchmarks = Benchmarks(
+            parse_tasks(tasks), include_path, limit, num_fewshot, log_samples, out,
+            parse_buckets(buckets), slots, checkpoint,
+        )  # fmt: skip
+        check(benchmarks)
+        cfg = run_config(config, sets, flags, checkpoint)
+        plan = plan_of(cfg)
+        found = launch(run_benchmarks, plan, args=(cfg, plan, benchmarks))
+    except (CheckpointError, ConfigError, RuntimeConfigError, ValueError) as error:
+        fail(str(error))
+    if isinstance(found, dict):
+        typer.echo(json.dumps(found))
+{%- endif %}
 
 
 @app.command("export")
