@@ -33,6 +33,8 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
         "tests/test_hf_export.py",
         "tests/test_pretrained_weights.py",
         "tests/test_pretrained_run.py",
+        "tests/test_generation.py",
+        "tests/test_benchmarks.py",
         "tests/hf_helpers.py",
         "configs/hf-causal-lm.toml",
         "benchmarks/load_bench.py",

@@ -104,7 +104,8 @@ def varied_model(folder: Path) -> Path:
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() == 2:
-                param.copy_(torch.randn(param.shape, generator=generator) * 4 / param.shape[1] ** 0.5)
+                wide = torch.randn(param.shape, generator=generator) * 4 / param.shape[1] ** 0.5
+                param.copy_(wide)
     model.save_pretrained(folder)
     return folder
 
@@ -112,7 +113,8 @@ def varied_model(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("benchmarks")
-    return {"base": base, "model": varied_model(base / "model"), "tasks": write_tasks(base / "tasks")}
+    model, tasks = varied_model(base / "model"), write_tasks(base / "tasks")
+    return {"base": base, "model": model, "tasks": tasks}
 
 
 def samples(out: Path, task: str) -> list[dict[str, Any]]:

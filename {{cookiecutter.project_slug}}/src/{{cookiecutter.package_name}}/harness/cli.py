@@ -48,7 +48,9 @@ def run_benchmarks(cfg: Any, plan: Any, benchmarks: Benchmarks) -> dict[str, flo
     from .model import ProjectLM
 
     loaded = load_model(cfg, plan, benchmarks.checkpoint)
-    lm = ProjectLM(loaded.model, loaded.tokenizer, plan.strategy, benchmarks.buckets, benchmarks.slots)
+    lm = ProjectLM(
+        loaded.model, loaded.tokenizer, plan.strategy, benchmarks.buckets, benchmarks.slots
+    )
     with run.task_folder(benchmarks.include_path) as folder:
         manager = run.task_manager(folder)
         results = run.evaluate(
@@ -62,7 +64,8 @@ def run_benchmarks(cfg: Any, plan: Any, benchmarks: Benchmarks) -> dict[str, flo
     files = run.write(results, out)
     write_events(out, found)
     typer.echo(run.table(results))
-    typer.echo(f"results: {files[0]}" + (f" (and {len(files) - 1} sample file(s))" if len(files) > 1 else ""))
+    samples = f" (and {len(files) - 1} sample file(s))" if len(files) > 1 else ""
+    typer.echo(f"results: {files[0]}{samples}")
     return found
 
 

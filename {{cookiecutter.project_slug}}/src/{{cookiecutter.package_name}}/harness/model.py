@@ -82,8 +82,11 @@ class ProjectLM(TemplateLM):
         """The longest sequence one forward takes: the largest bucket."""
         return self.buckets[-1]
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
-        return list(self.tokenizer.encode(string, **_add_special_kwargs(add_special_tokens, None)))
+    def tok_encode(
+        self, string: str, add_special_tokens: bool | None = None, **kwargs: Any
+    ) -> list[int]:
+        special = _add_special_kwargs(add_special_tokens, None)  # the tokenizer's own default
+        return list(self.tokenizer.encode(string, **special))
 
     def tok_decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens))
@@ -168,7 +171,10 @@ class ProjectLM(TemplateLM):
                 inputs, wanted, _ = rows[index]
                 ids[row, : len(inputs)] = torch.tensor(inputs)
                 targets[row, : len(wanted)] = torch.tensor(wanted)
-            placed = {"ids": self.strategy.place_rows(ids), "targets": self.strategy.place_rows(targets)}
+            placed = {
+                "ids": self.strategy.place_rows(ids),
+                "targets": self.strategy.place_rows(targets),
+            }
             with hf.generation_mode(self.model):  # eval mode, dropless experts
                 chosen, greedy = self.scorers[bucket](placed)
                 ops.sync()
@@ -177,7 +183,10 @@ class ProjectLM(TemplateLM):
             for row, index in enumerate(local):
                 inputs, _, count = rows[index]
                 span = slice(len(inputs) - count, len(inputs))
-                mine[index] = (float(chosen[row, span].double().sum()), bool(greedy[row, span].all()))
+                mine[index] = (
+                    float(chosen[row, span].double().sum()),
+                    bool(greedy[row, span].all()),
+                )
         merged = self._exchange(mine)
         return [merged[index] for index in range(len(rows))]
 

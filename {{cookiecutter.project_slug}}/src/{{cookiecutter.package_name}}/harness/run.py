@@ -30,7 +30,9 @@ def task_folder(include_path: str | None) -> Iterator[str | None]:
     """The folder of the user's task YAML files, on local disk (a gs:// one copied first)."""
     if not include_path or "://" not in include_path:
         if include_path and not Path(include_path).is_dir():
-            raise HarnessError(f"--include-path {include_path!r} is not a folder of task YAML files")
+            raise HarnessError(
+                f"--include-path {include_path!r} is not a folder of task YAML files"
+            )
         yield include_path
         return
     import fsspec
@@ -38,7 +40,9 @@ def task_folder(include_path: str | None) -> Iterator[str | None]:
     with tempfile.TemporaryDirectory() as local:
         fs, root = fsspec.core.url_to_fs(include_path)
         if not fs.isdir(root):
-            raise HarnessError(f"--include-path {include_path!r} is not a folder of task YAML files")
+            raise HarnessError(
+                f"--include-path {include_path!r} is not a folder of task YAML files"
+            )
         fs.get(root.rstrip("/") + "/", local + "/", recursive=True)
         yield local
 
@@ -122,7 +126,9 @@ def write(results: dict[str, Any], out: Path) -> list[Path]:
 
     put("results.json", json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
     for task, records in samples.items():
-        lines = (json.dumps(r, default=handle_non_serializable, ensure_ascii=False) for r in records)
+        lines = (
+            json.dumps(r, default=handle_non_serializable, ensure_ascii=False) for r in records
+        )
         put(f"samples_{task}.jsonl", "".join(line + "\n" for line in lines))
     if samples:
         results["samples"] = samples
