@@ -208,3 +208,30 @@ def test_a_task_lm_eval_does_not_know_is_refused_in_one_line(setup: dict[str, Pa
     (line,) = done.stderr.strip().splitlines()
     assert "lm-eval knows no task 'no_such_task'" in line
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_eval_tasks_during_training_are_logged_at_each_evaluation(
+    setup: dict[str, Path],
+) -> None:
+    """It runs `eval_tasks` beside the loss evaluation every `eval_every` steps of a 30-step
+    fine-tune and logs `eval/<task>/<metric>` to TensorBoard at each."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = setup["base"] / "during"
+    done = cli(
+        "train", "--set", "task=hf-causal-lm", "--set", f"task_options.model_name={setup['model']}",
+        "--set", "task_options.seq_len=32", "--set", "task_options.max_bytes=20000",
+        "--set", 'eval_tasks=["tiny_arc", "tiny_gsm"]',
+        "--set", f"eval_tasks_path={setup['tasks']}", "--set", "eval_tasks_limit=8",
+        "--set", "eval_tasks_buckets=[32, 64]", "--set", "eval_batches=2",
+        "--max-steps", "30", "--eval-every", "10", "--batch-size", "4", "--log-every", "10",
+        "--run-dir", str(run_dir), "--accelerator", "cpu",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    for tag in ("eval/tiny_arc/acc", "eval/tiny_gsm/exact_match", "eval/loss"):
+        assert [event.step for event in events.Scalars(tag)] == [10, 20, 30], tag
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "tiny_arc/acc_norm" in summary["eval"]

@@ -74,3 +74,13 @@ def test_eval_batch_defaults_to_the_training_batch_and_never_outgrows_the_split(
         assert evaluate(weighted, tmp_path, device, 64) == pytest.approx(
             evaluate(weighted, tmp_path, device, 2), abs=1e-6
         )
+
+
+def test_eval_batches_caps_the_batches_an_evaluation_reads(tmp_path: Path, device: object) -> None:
+    """It averages over the first `eval_batches` batches alone (2 of 3 here), and over every
+    batch with 0."""
+    model = nn.Linear(1, 1).to(device)  # type: ignore[arg-type]
+    capped = evaluator_of(False, tmp_path, eval_batch_size=2, eval_batches=2)(model)["loss"]
+    assert capped == pytest.approx(sum(VALUES[:4]) / 4, abs=1e-5)
+    whole = evaluator_of(False, tmp_path, eval_batch_size=2, eval_batches=0)(model)["loss"]
+    assert whole == pytest.approx(sum(VALUES) / len(VALUES), abs=1e-5)

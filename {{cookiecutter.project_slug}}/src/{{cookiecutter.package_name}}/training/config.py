@@ -38,6 +38,7 @@ class TrainConfig:
     # Evaluation's batch_size; 0: the training batch_size (evaluation fits where training
     # does). Never more than the eval split needs: a small split is not padded to it.
     eval_batch_size: int = 0
+    eval_batches: int = 0  # batches of each loss evaluation at most (0: the whole eval set)
     optimizer: str = "adamw"
     lr: float = 3e-3
     weight_decay: float = 0.01
@@ -67,6 +68,13 @@ class TrainConfig:
     goodput: str = "local"
     # Where the figures go besides the terminal: "tensorboard", "wandb" (the `wandb` extra)
     loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    # lm-evaluation-harness tasks run beside each loss evaluation (the `eval` extra), from its
+    # registry or the folder eval_tasks_path; eval_tasks_limit samples per task (0: all).
+    eval_tasks: list[str] = field(default_factory=list)
+    eval_tasks_path: str = ""
+    eval_tasks_limit: float = 0.0
+    eval_tasks_buckets: list[int] = field(default_factory=lambda: [256, 1024])
+    eval_tasks_slots: int = 8
     wandb: dict[str, Any] = field(default_factory=dict)  # project, entity, name, tags, group, mode
     profile_steps: int = 0
     profile_port: int = 9012
@@ -85,6 +93,25 @@ class TrainConfig:
             if f.default is not dataclasses.MISSING and getattr(self, f.name) != f.default
         }
 
+    def _check_eval_tasks(self) -> None:
+        if not all(isinstance(name, str) and name for name in self.eval_tasks):
+            raise ConfigError(
+                f'eval_tasks must be lm-eval task names (["arc_easy"]), got {self.eval_tasks!r}'
+            )
+        if importlib.util.find_spec(f"{__package__.split('.')[0]}.harness") is None:
+            raise ConfigError(
+                "eval_tasks are language-model benchmarks: a text task's project runs them"
+            )
+        if importlib.util.find_spec("lm_eval") is None:
+            raise ConfigError(
+                "eval_tasks run through lm-evaluation-harness: pip install -e '.[eval]'"
+            )
+        buckets = self.eval_tasks_buckets
+        if not buckets or sorted(set(buckets)) != list(buckets) or buckets[0] < 1:
+            raise ConfigError(f"eval_tasks_buckets must be ascending lengths, got {buckets!r}")
+        if self.eval_tasks_slots < 1:
+            raise ConfigError(f"eval_tasks_slots must be at least 1, got {self.eval_tasks_slots}")
+
     def validate(self) -> TrainConfig:
         """Raise ConfigError for values no run can use."""
         from ..core import runtime
@@ -96,6 +123,8 @@ class TrainConfig:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}")
         non_negative = (
             "eval_batch_size",
+            "eval_batches",
+            "eval_tasks_limit",
             "max_epochs",
             "warmup_steps",
             "eval_every",
@@ -142,6 +171,8 @@ class TrainConfig:
         from .loggers import check as check_loggers
 
         check_loggers(self.loggers, self.wandb)
+        if self.eval_tasks:
+            self._check_eval_tasks()
         if self.resume.lower() in ("true", "1", "yes"):
             self.resume = "latest"  # a bare --resume, or resume = true in a file
         if "://" in self.run_dir:

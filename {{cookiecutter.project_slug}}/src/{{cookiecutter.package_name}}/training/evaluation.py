@@ -52,6 +52,7 @@ class Evaluator:
         )
         self.feeder = DeviceFeeder(loader, strategy)
         self.global_batch = self.batch_size * shards * replicas
+        self.limit = config.eval_batches  # batches an evaluation reads at most (0: all)
         self.runs = 0
 
     def __call__(self, model: nn.Module) -> dict[str, float]:
@@ -62,8 +63,10 @@ class Evaluator:
         # XLA_USE_BF16 stores every device float as bf16 (4096 + 1 == 4096), so the
         # legacy mode sums on the host instead, at one transfer per eval batch.
         host: dict[str, float] = {}
-        with torch.no_grad():
-            for batch in self.feeder.epoch(0):
+        with torch.no_grad(), contextlib.closing(self.feeder.epoch(0)) as batches:
+            for index, batch in enumerate(batches):
+                if self.limit and index == self.limit:  # every replica stops at the same batch
+                    break
                 part = self._batch_sums(model, batch)
                 if self.precision.legacy_env:
                     with self.host_read():

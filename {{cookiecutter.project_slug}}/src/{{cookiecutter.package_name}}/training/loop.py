@@ -30,6 +30,15 @@ def due(every: int, step: int) -> bool:
     return bool(every) and step % every == 0
 
 
+def run_benchmarks(cfg: TrainConfig, task: Task, model: nn.Module, strategy: Any, read: Any) -> Any:
+    """The run's lm-eval tasks (`eval_tasks`), or None without them."""
+    if not cfg.eval_tasks:
+        return None
+    from ..harness.during import RunBenchmarks
+
+    return RunBenchmarks(cfg, task, model, strategy, read)
+
+
 def fit(
     config: TrainConfig,
     plan: Plan,
@@ -86,6 +95,7 @@ def fit(
 
     master = strategy.is_master()
     evaluate = Evaluator(task, strategy, precision, cfg, watch.host_read)
+    benchmarks = run_benchmarks(cfg, task, model, strategy, watch.host_read)  # eval_tasks
     reporter = Reporter.of_run(cfg, directory, total, master)  # TensorBoard, W&B: `loggers`
     diagnostics = Diagnostics(
         Path(cfg.run_dir), cfg.profile_steps, cfg.profile_port, cfg.metrics_report, master
@@ -179,6 +189,7 @@ def fit(
                 if due(cfg.eval_every, at):
                     with clock.badput("eval"):
                         eval_metrics, evaluated_at = evaluate(model), at
+                        eval_metrics.update(benchmarks() if benchmarks else {})
                     reporter.scalars(at, eval_metrics, "eval")
                     # Every process holds the same reduced value: they take the same branch.
                     if eval_metrics["loss"] < progress.best:  # never true for NaN
@@ -214,7 +225,10 @@ def fit(
     if status == "completed" and evaluated_at != progress.step:
         with clock.badput("eval"):  # an evaluation is badput wherever it runs
             eval_metrics = evaluate(model)
+            eval_metrics.update(benchmarks() if benchmarks else {})
         reporter.scalars(progress.step, eval_metrics, "eval")
+    if benchmarks:
+        benchmarks.close()
     if status != "diverged" and saver.save(progress) is None:
         status = "diverged"
     saver.finish()  # background writes done, or their failure raised
