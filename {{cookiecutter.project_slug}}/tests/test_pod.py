@@ -484,6 +484,24 @@ def test_several_slices_are_refused_before_any_worker_is_reached(tmp_path: Path)
 {%- endif %}
 
 
+{%- if cookiecutter.example_task != "vision" %}
+
+
+@pytest.mark.parametrize("target,command", [("generate-pod", "generate"), ("eval-pod", "eval")])
+def test_generate_and_eval_pods_run_their_command_on_every_worker(
+    target: str, command: str
+) -> None:
+    """It sends every worker the same `generate` (or `eval`) line as train-pod sends `train`."""
+    commands = dry_run(target, "ARGS=--checkpoint gs://b/run --out gs://b/out")
+    assert [c[len(SSH)] for c in commands] == [f"--worker={w}" for w in range(4)]
+    for each in commands:
+        assert each[-1].endswith(
+            f"PYTHONPATH=src /opt/{SLUG}/.venv/bin/python -m {PACKAGE} {command} "
+            "--accelerator tpu --devices all --checkpoint gs://b/run --out gs://b/out"
+        ), each[-1]
+{%- endif %}
+
+
 def test_docker_train_pod_runs_the_image_privileged_on_the_host_network() -> None:
     """It prints `sudo docker run --privileged --net=host --shm-size` of the image per worker."""
     commands = dry_run("docker-train-pod", "IMAGE=reg/img:1")

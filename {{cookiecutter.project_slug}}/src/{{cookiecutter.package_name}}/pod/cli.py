@@ -140,6 +140,10 @@ def sync(
     launch.finish(launch.run(install_line))
 
 
+# What `pod train --command` runs on every worker: the first process of the job writes.
+POD_COMMANDS = ("train", "generate", "eval")
+
+
 @pod_app.command("train")
 def train(
     tpu: Tpu = "",
@@ -164,24 +168,29 @@ def train(
     cleanup: Annotated[
         bool, typer.Option(help="After a failure, free the TPU on every worker (pod kill).")
     ] = True,
+    subcommand: Annotated[
+        str, typer.Option("--command", help="What every worker runs: train, generate or eval.")
+    ] = "train",
     args: Rest = None,
 ) -> None:
     """Train on every worker at once (run `pod sync` first, or use --docker)."""
     if accelerator not in ("tpu", "cpu"):
         fail(f"unknown accelerator {accelerator!r}: choose tpu or cpu")
+    if subcommand not in POD_COMMANDS:
+        fail(f"unknown command {subcommand!r}: choose {', '.join(POD_COMMANDS)}")
     launcher()
     launch = Launch(
         tpu, zone, project, gcloud, workers, accelerator_type, batch_size, dry_run, slices
     )
     env_of = launch.environments(env, accelerator)
-    cli_args = ["train", "--accelerator", accelerator, "--devices", devices, *(args or [])]
+    cli_args = [subcommand, "--accelerator", accelerator, "--devices", devices, *(args or [])]
     legacy_launcher(launch, [python, "-m", PACKAGE, *cli_args], env_of, docker)
 
     def command(host: Host) -> str:
         if docker:
             return commands.docker_command(docker, env_of(host), cli_args)
         return commands.worker_train_command(
-            PACKAGE, python, accelerator, devices, args or [], env_of(host), remote_dir
+            PACKAGE, python, accelerator, devices, args or [], env_of(host), remote_dir, subcommand
         )
 
     outcome = launch.run(command)

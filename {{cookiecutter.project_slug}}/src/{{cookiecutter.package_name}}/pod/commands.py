@@ -79,10 +79,16 @@ def remote_command(command: str, env: Mapping[str, str], cwd: str | None = None)
 
 
 def train_command(
-    package: str, python: str, accelerator: str, devices: str, args: Sequence[str]
+    package: str,
+    python: str,
+    accelerator: str,
+    devices: str,
+    args: Sequence[str],
+    command: str = "train",
 ) -> str:
-    """The training command every worker runs from the synced project directory."""
-    argv = [python, "-m", package, "train", "--accelerator", accelerator, "--devices", devices]
+    """The training command (or `generate`, `eval`) every worker runs from the synced project
+    directory."""
+    argv = [python, "-m", package, command, "--accelerator", accelerator, "--devices", devices]
     return "PYTHONPATH=src " + shlex.join([*argv, *args])
 
 
@@ -94,10 +100,11 @@ def worker_train_command(
     args: Sequence[str],
     env: Mapping[str, str],
     remote_dir: str,
+    command: str = "train",
 ) -> str:
     """The whole line a worker runs to train: `pod train` sends it over ssh to each worker,
     a SkyPilot task (`spot task`) runs it on every host of its slice."""
-    line = train_command(package, python, accelerator, devices, args)
+    line = train_command(package, python, accelerator, devices, args, command)
     return remote_command(line, env, remote_dir)
 
 
