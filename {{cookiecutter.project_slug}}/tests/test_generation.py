@@ -60,7 +60,7 @@ def generation_job(request: dict[str, Any]) -> dict[str, Any]:
 
 def generation_run(config: Any, plan: Any, request: dict[str, Any]) -> dict[str, Any]:
     """In every process of the job: what `generation_job` reports (the first writes it)."""
-    from {{ cookiecutter.package_name }}.core import health
+    from {{ cookiecutter.package_name }}.core import health, memory
     from {{ cookiecutter.package_name }}.generation import Engine, Sampling, Shape
     from {{ cookiecutter.package_name }}.generation.model import load_model
 
@@ -89,6 +89,10 @@ def generation_run(config: Any, plan: Any, request: dict[str, Any]) -> dict[str,
         results["graphs_after_warm_up"] = after.compilations - warm.compilations
         results["reads"] = engine.timing.reads
         results["steps"] = engine.timing.steps
+        layers: list[Any] = list(engine.cache.layers)
+        results["cache_bytes_per_device"] = sum(
+            memory.tensor_bytes(t)[1] for layer in layers for t in (layer.keys, layer.values)
+        )
     if plan.strategy.is_master():
         Path(request["out"]).write_text(json.dumps(results))
     return results
@@ -247,6 +251,37 @@ def test_generate_writes_json_lines_with_token_counts(tmp_path: Path) -> None:
     assert "tokens/s" in done.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize(
+    ("devices", "accelerator_type"),
+    [("1", "v5litepod-1"), *([(str(MANY_DEVICES), "v5litepod-8")] if MANY_DEVICES == 8 else [])],
+)
+def test_plan_counts_the_key_value_cache_each_device_holds(
+    devices: str, accelerator_type: str, python_subprocess: Any, tmp_path: Path
+) -> None:
+    """It gives, for `--slots` and `--max-length`, the cache bytes each device holds when the
+    engine runs that shape on that mesh."""
+    strategy = "single" if devices == "1" else SHARDED
+    ran = generate(
+        python_subprocess, tmp_path, architecture="llama", devices=devices, strategy=strategy,
+        batches=[prompt_ids(TEXTS[:2])],
+    )  # fmt: skip
+    config = tmp_path / "plan.toml"
+    config.write_text(
+        'task = "hf-causal-lm"\n[task_options]\n'
+        + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options("llama").items())
+    )
+    max_length = BUCKETS[-1] + NEW_TOKENS
+    planned = cli(
+        "plan", "--config", str(config), "--accelerator-type", accelerator_type,
+        "--mesh", f"fsdp={devices}", "--slots", "8", "--max-length", str(max_length), "--json",
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    generation = json.loads(planned.stdout)["generation"]
+    assert generation["cache_bytes_per_device"] == ran["cache_bytes_per_device"] > 0
+    assert generation["fits"] is True
+
+
+OVER_V5E = ["--accelerator-type", "v5litepod-8"]
 REFUSED = {
     "prompt-longer-than-the-largest-bucket": (
         ["--prompt", "y" * 40, "--buckets", "16,32"],
@@ -254,6 +289,10 @@ REFUSED = {
     ),
     "buckets-not-ascending": (["--prompt", "x", "--buckets", "32,16"], "buckets must be ascending"),
     "no-prompt": ([], "no prompts"),
+    "slots-over-the-hbm": (
+        ["--prompt", "x", "--slots", "200000", "--buckets", "4096", *OVER_V5E],
+        "200000 slots of 4224 tokens do not fit v5litepod-8",
+    ),
     "bad-top-p": (["--prompt", "x", "--temperature", "1", "--top-p", "0"], "top_p must be in"),
 }
 

@@ -15,6 +15,7 @@ from .engine import DEFAULT_CHECK_EVERY, GenerationError, Shape
 from .sampling import Sampling
 
 CHECKPOINT_HELP = "A run's checkpoint, or its directory (the newest): its model and weights."
+FIT_MARGIN = 0.1  # of HBM kept for what the estimate leaves out, as `plan`'s default margin
 BUCKETS_HELP = "Prompt-length buckets, ascending: one compiled prefill each (64,256)."
 
 
@@ -31,6 +32,7 @@ class Request:
     ignore_eos: bool
     merge_lora: bool
     checkpoint: str | None
+    accelerator_type: str = ""
 
 
 def parse_buckets(text: str) -> tuple[int, ...]:
@@ -75,6 +77,9 @@ def generate_command(
     merge_lora: Annotated[
         bool, typer.Option(help="Merge LoRA adapters into the base first (else kept apart).")
     ] = False,
+    accelerator_type: Annotated[
+        str, typer.Option(help="Refuse slots whose cache does not fit this TPU type (v5p-8).")
+    ] = "",
     accelerator: Annotated[str | None, typer.Option(help="auto, tpu or cpu.")] = None,
     devices: Annotated[str | None, typer.Option(help="1, 8, all, or [core].")] = None,
     strategy: Annotated[str | None, typer.Option(help="The layout, as train takes it.")] = None,
@@ -101,6 +106,7 @@ def generate_command(
         request = Request(
             tuple(prompt or ()), str(prompts) if prompts else None, str(out) if out else None,
             shape, sampling, tuple(stop or ()), ignore_eos, merge_lora, checkpoint,
+            accelerator_type,
         )  # fmt: skip
         plan = plan_of(cfg)
         summary = launch(run_generation, plan, args=(cfg, plan, request))
@@ -140,6 +146,7 @@ def run_generation(cfg: Any, plan: Any, request: Request) -> dict[str, Any] | No
     loaded = load_model(cfg, plan, request.checkpoint, request.merge_lora)
     path = Path(request.prompts_file) if request.prompts_file else None
     prompts = read_prompts(request.texts, path, loaded.tokenizer)
+    check_fits(loaded.model, plan.strategy, request)
     stop_ids = [] if request.ignore_eos else end_ids(loaded.model, loaded.tokenizer)
     engine = Engine(
         loaded.model, loaded.tokenizer, plan.strategy, request.shape, request.sampling,
@@ -160,6 +167,37 @@ def run_generation(cfg: Any, plan: Any, request: Request) -> dict[str, Any] | No
     if not plan.strategy.returns_result():
         typer.echo(summary_line(summary), err=True)
     return summary
+
+
+def check_fits(model: Any, strategy: Any, request: Request) -> None:
+    """Refuse slots whose cache and the model's parameters, per device, exceed the usable HBM
+    of the accelerator type asked for (or of this TPU); off a TPU with none asked, no check."""
+    from .. import hf
+    from ..core import memory, runtime
+    from ..planning.estimate import Accelerator
+    from .engine import cache_bytes_per_device
+
+    kind = request.accelerator_type or (runtime.accelerator_type() if runtime.tpu_present() else "")
+    if not kind:
+        return
+    axes = strategy.mesh_axes()
+    shards = strategy.data_layout()[0] * strategy.local_batch_shards()  # of the batch, all
+    value_bytes = next(p.element_size() for p in model.parameters() if p.is_floating_point())
+    config = hf.unwrap(model).config
+    shape = request.shape
+    cache = cache_bytes_per_device(
+        config, shape.slots, shape.max_length, shards, axes.get("tensor", 1), value_bytes
+    )
+    held = memory.state_memory(model, None)["param_bytes_per_device"]
+    accelerator = Accelerator.parse(kind)
+    usable = int(accelerator.hbm_bytes_per_device * (1 - FIT_MARGIN))
+    if cache + held > usable:
+        raise GenerationError(
+            f"{shape.slots} slots of {shape.max_length} tokens do not fit {kind}: the cache takes "
+            f"{cache / 2**30:.2f} GiB and the parameters {held / 2**30:.2f} GiB on each device, "
+            f"over the {usable / 2**30:.2f} GiB usable of its HBM (`plan --slots` sizes it): "
+            "use fewer --slots, shorter --buckets or --max-new-tokens, or a larger mesh"
+        )
 
 
 def end_ids(model: Any, tokenizer: Any) -> list[int]:

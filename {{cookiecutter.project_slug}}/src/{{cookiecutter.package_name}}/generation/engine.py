@@ -422,10 +422,16 @@ class Engine:
         return merged
 
 
-def cache_bytes(config: Any, shape: Shape, bytes_per_value: int) -> int:
-    """Bytes of the static key/value cache of `shape` for a model of `config`, in all."""
+def cache_bytes_per_device(
+    config: Any, slots: int, max_length: int, batch_shards: int, tensor: int, value_bytes: int
+) -> int:
+    """Bytes of the static key/value cache on each device: `slots` rows of `max_length`
+    tokens over `batch_shards` devices of the batch axes, heads over `tensor` (where it
+    divides them), for a model of `config`."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    rows = -(-slots // batch_shards)
+    heads_held = heads // tensor if tensor > 1 and heads % tensor == 0 else heads
     layers = text.num_hidden_layers
-    return math.prod((2, layers, shape.slots, heads, shape.max_length, head_dim, bytes_per_value))
+    return math.prod((2, layers, rows, heads_held, max_length, head_dim, value_bytes))

@@ -46,6 +46,8 @@ class Request:
     precision: str | None
     optimizer: str | None
     margin: float
+    slots: int | None = None  # generation: prompts at once, and their cache's length
+    max_length: int | None = None
 
 
 def plan(
@@ -77,6 +79,12 @@ def plan(
             help="Share of HBM (and of host RAM) kept free for what the estimate leaves out."
         ),
     ] = 0.1,
+    slots: Annotated[
+        int | None, typer.Option(help="Generation: prompts at once, for the key/value cache.")
+    ] = None,
+    max_length: Annotated[
+        int | None, typer.Option(help="Generation: a slot's tokens, prompt and new ones.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Estimate the per-device memory of a run on a TPU slice, and the smallest slice it fits;
@@ -89,7 +97,7 @@ def plan(
 
     request = Request(
         config, sets or [], hf_config, architecture, size, accelerator_type, mesh, batch_size,
-        global_batch, seq_len, precision, optimizer, margin,
+        global_batch, seq_len, precision, optimizer, margin, slots, max_length,
     )  # fmt: skip
     try:
         result = make_plan(request)
@@ -197,6 +205,7 @@ def make_plan(request: Request) -> Any:
             )
             for checkpointed in (False, True)
         }
+        generation = generation_plan(request, workload, estimate, shape, usable)
     return Plan(
         model=workload.task.name,
         parameters=workload.describe(),
@@ -212,4 +221,34 @@ def make_plan(request: Request) -> Any:
         smallest=smallest,
         proposed=proposed,
         host=host_memory(workload, accelerator, request.margin),
+        generation=generation,
     )
+
+
+def generation_plan(
+    request: Request, workload: Any, estimate: Any, shape: Any, usable: float
+) -> Any:
+    """The key/value cache `generate --slots --max-new-tokens` allocates, per device, beside
+    the parameters as the mesh holds them (None when no --slots was asked)."""
+    from .. import hf
+    from ..core.sharding import BATCH_AXES
+    from ..generation.engine import cache_bytes_per_device
+    from .estimate import PlanError
+    from .report import GenerationPlan
+
+    if request.slots is None and request.max_length is None:
+        return None
+    if not request.slots or not request.max_length or request.slots < 1 or request.max_length < 1:
+        raise PlanError("generation needs --slots N and --max-length N, both at least 1")
+    inner = hf.unwrap(workload.model)
+    if inner is None:
+        raise PlanError("--slots plans a transformers decoder's key/value cache: the task has none")
+    axes = dict(shape)
+    shards = 1
+    for axis, size in shape:
+        shards *= size if axis in BATCH_AXES else 1
+    value_bytes = 2 if workload.config.precision == "bf16-true" else 4
+    slots, length = request.slots, request.max_length
+    tensor = axes.get("tensor", 1)
+    cache = cache_bytes_per_device(inner.config, slots, length, shards, tensor, value_bytes)
+    return GenerationPlan(slots, length, cache, estimate.parameters, int(usable))

@@ -17,6 +17,21 @@ MODES = {False: "without_checkpointing", True: "with_checkpointing"}
 
 
 @dataclass(frozen=True)
+class GenerationPlan:
+    """`generate`'s bytes per device: the key/value cache of its slots, and the parameters."""
+
+    slots: int
+    max_length: int
+    cache_bytes: int
+    parameter_bytes: int
+    usable_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.cache_bytes + self.parameter_bytes <= self.usable_bytes
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything `plan` found: the request, its estimate and the smallest slices that fit."""
 
@@ -34,6 +49,7 @@ class Plan:
     smallest: dict[bool, tuple[str, Estimate] | None]  # by activation checkpointing
     proposed: dict[bool, Estimate | None]  # the first layout of this slice that fits
     host: HostMemory  # each host's RAM while the model is loaded and exported
+    generation: GenerationPlan | None = None  # `plan --slots`: generate's cache
 
     @property
     def usable_bytes(self) -> int:
@@ -57,6 +73,15 @@ class Plan:
 def as_json(plan: Plan) -> dict[str, Any]:
     estimate = plan.estimate
     return {
+        "generation": None
+        if plan.generation is None
+        else {
+            "slots": plan.generation.slots,
+            "max_length": plan.generation.max_length,
+            "cache_bytes_per_device": plan.generation.cache_bytes,
+            "parameter_bytes_per_device": plan.generation.parameter_bytes,
+            "fits": plan.generation.fits,
+        },
         "model": plan.model,
         "parameters": plan.parameters,
         "parameter_count": plan.parameter_count,
@@ -217,7 +242,22 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
             highlight=False,
             soft_wrap=True,
         )
+    if plan.generation is not None:
+        print_generation(plan.generation, console)
     print_host(plan, console)
+
+
+def print_generation(generation: GenerationPlan, console: Console) -> None:
+    total = generation.cache_bytes + generation.parameter_bytes
+    console.print(
+        f"generation: {generation.slots} slots of {generation.max_length} tokens: key/value "
+        f"cache {human(generation.cache_bytes)} + parameters {human(generation.parameter_bytes)}"
+        f" = {human(total)} per device of {human(generation.usable_bytes)} usable: "
+        + ("fits" if generation.fits else "does not fit"),
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def print_host(plan: Plan, console: Console) -> None:
