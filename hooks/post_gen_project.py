@@ -39,6 +39,7 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
         "configs/hf-causal-lm.toml",
         "benchmarks/load_bench.py",
         "docs/hugging-face.md",
+        "docs/evaluation.md",
     ),
 }
 # The corpus helpers and the data package (`prepare`, prepared datasets) serve the text tasks,

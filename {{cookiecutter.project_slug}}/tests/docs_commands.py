@@ -174,6 +174,8 @@ class CommandChecks(ConfigChecks):
             self.config(sets, params["flags"], params.get("config"), where)
         if inner is not None:
             then = INNER[tuple(path)]
+            if then is not None and params.get("subcommand"):  # `pod train --command generate`
+                then = (str(params["subcommand"]),)
             if then is None:
                 self.shell(" ".join(inner), NESTED)
             else:
