@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from backend_facts import (
-    CAPACITY_OF_THE_GLOBAL_BATCH,
     MANY_DEVICES,
+    MOE_OVER_THE_GLOBAL_BATCH,
     ONE_GRAPH_PER_STEP_KIND,
     one_graph_per_step_kind,
 )
@@ -29,10 +29,11 @@ EXPERTS = {"experts": 4, "experts_per_token": 2}
 STEPS, LOG_EVERY = 12, 4
 # A capacity of the mean load: tokens are dropped, and counted, from the first steps on.
 # In fp32: under bf16 a sharded reduction's rounding can move a token across the capacity.
-# Where each process's capacity counts its own tokens, dropless: fsdp's processes would
-# each drop their own overflow, other tokens than one device drops.
-CAPACITY = {"precision": "32-true",
-            "moe": {"capacity_factor": 1.0 if CAPACITY_OF_THE_GLOBAL_BATCH else 0}}  # fmt: skip
+# Where each process counts its own tokens (backend_facts), dropless and the balancing loss
+# unweighted: fsdp's processes would drop other tokens than one device, and balance others.
+CAPACITY = {"precision": "32-true", "moe": {"capacity_factor": 1.0}}
+if not MOE_OVER_THE_GLOBAL_BATCH:
+    CAPACITY["moe"] = {"capacity_factor": 0, "router_aux_loss_coef": 0}
 OPTIONS = {"seq_len": 16, "dim": 32, "layers": 2, "heads": 4, "kv_heads": 2, "mlp_dim": 64,
            "max_bytes": 30000, **EXPERTS}  # fmt: skip
 LOSS_REL = 1e-5
@@ -129,7 +130,7 @@ def test_moe_decoder_trains_and_fsdp_gives_its_losses(moe_runs: dict[str, Any]) 
     assert worst_relative(sharded["train_losses"], single["train_losses"]) <= LOSS_REL
     assert single["train_losses"][-1][1] < single["train_losses"][0][1]
     assert single["parameters"]["active"] < single["parameters"]["total"]
-    assert single["train_metrics"]["tokens_dropped"] > 0 or not CAPACITY_OF_THE_GLOBAL_BATCH
+    assert single["train_metrics"]["tokens_dropped"] > 0 or not MOE_OVER_THE_GLOBAL_BATCH
 
 
 @pytest.mark.slow
@@ -158,7 +159,7 @@ def test_llama4_trains_and_fsdp_gives_its_losses(llama4_runs: dict[str, Any]) ->
     assert_healthy(sharded, aux_loss=False)
     assert worst_relative(sharded["train_losses"], single["train_losses"]) <= LOSS_REL
     assert single["train_losses"][-1][1] < single["train_losses"][0][1]
-    assert single["train_metrics"]["tokens_dropped"] > 0 or not CAPACITY_OF_THE_GLOBAL_BATCH
+    assert single["train_metrics"]["tokens_dropped"] > 0 or not MOE_OVER_THE_GLOBAL_BATCH
     params = dict(tiny_model(LLAMA4).named_parameters())
     experts = sum(p.numel() for name, p in params.items() if ".experts." in name)
     idle = (1 - EXPERTS["experts_per_token"] / EXPERTS["experts"]) * experts
