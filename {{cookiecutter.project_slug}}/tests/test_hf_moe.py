@@ -246,6 +246,45 @@ def test_llama4_expert_axis_gives_the_one_device_losses(python_subprocess: Any) 
 {%- endif %}
 
 
+def test_llama4_expert_axis_splits_its_experts_without_a_plan_in_its_config() -> None:
+    """It splits Llama 4's stacked expert weights over `expert` from the static experts' own
+    plan where transformers' config has none (transformers 5.24 dropped it)."""
+    from {{ cookiecutter.package_name }} import hf
+    from {{ cookiecutter.package_name }}.hf.expert_parallel import expert_parallel_rules
+
+    model = hf.prepare(tiny_model(LLAMA4))
+    model.config.base_model_ep_plan = None
+    rules = expert_parallel_rules(model, 4)
+
+    split = {name for name, _ in model.named_parameters() if any(r.matches(name) for r in rules)}
+    assert split == {f"model.layers.{i}.feed_forward.experts.{weight}"
+                     for i in (1, 3) for weight in ("gate_up_proj", "down_proj")}  # fmt: skip
+    assert {rule.spec[0] for rule in rules} == {"expert"}
+
+
+def test_llama4_lora_leaves_its_router_out_of_all_linear_and_refuses_it_by_name() -> None:
+    """It puts `all-linear` adapters on Llama 4's attention and shared experts, not on its
+    router (a Linear whose forward returns its scores and logits), trains them, and refuses
+    the router named as a target in one line."""
+    from {{ cookiecutter.package_name }} import hf
+    from {{ cookiecutter.package_name }}.hf import HFConfigError
+    from {{ cookiecutter.package_name }}.hf.lora import LoraSettings, apply_lora
+
+    model = apply_lora(hf.prepare(tiny_model(LLAMA4)), LoraSettings(rank=4), "32-true")
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(4))
+    model(input_ids=tokens, labels=tokens).loss.backward()
+
+    adapted = {name.split(".lora_")[0] for name, p in model.named_parameters() if "lora_" in name}
+    assert any(".shared_expert." in name for name in adapted)
+    assert any(".self_attn." in name for name in adapted)
+    assert not any(".router" in name for name in adapted)
+    trained = [p for name, p in model.named_parameters() if "lora_B" in name]
+    assert trained and all(p.grad is not None for p in trained)
+    router = LoraSettings(target_modules=("router",))
+    with pytest.raises(HFConfigError, match="names Llama4Router, a router whose forward"):
+        apply_lora(hf.prepare(tiny_model(LLAMA4)), router, "32-true")
+
+
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_dropless_experts_equal_transformers_eager_experts(architecture: str) -> None:
     """It gives transformers' own `eager` experts' logits, loss and aux loss within 1e-5."""
