@@ -121,7 +121,22 @@ def decoder_config(architecture: str, sizes: Sizes, fields: Mapping[str, Any] | 
     values.update(_config_fields(architecture, fields or {}))
     config = AutoConfig.for_model(architecture, **values)
     check_decoder(config, f"architecture {architecture!r}")
+    _check_sizes_reach_the_decoder(architecture, config, sizes)
     return config
+
+
+def _check_sizes_reach_the_decoder(architecture: str, config: Any, sizes: Sizes) -> None:
+    """Refuse a composite (multimodal) config whose decoder keeps its own full-size shape."""
+    try:
+        text = config.get_text_config()
+    except ValueError:  # several text configs: none is the decoder's alone
+        return
+    if text is not config and getattr(text, "hidden_size", sizes.dim) != sizes.dim:
+        raise HFConfigError(
+            f"architecture {architecture!r} configures a model whose decoder "
+            f"({text.model_type!r}) the size options do not reach (it would be built "
+            f"{text.hidden_size} wide, as published): use architecture {text.model_type!r}"
+        )
 
 
 # An expert's hidden size by its name in each family (Mixtral and OLMoE use the MLP's).
