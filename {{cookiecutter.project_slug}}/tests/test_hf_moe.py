@@ -246,6 +246,41 @@ def test_llama4_expert_axis_gives_the_one_device_losses(python_subprocess: Any) 
 {%- endif %}
 
 
+def test_llama4_attends_within_documents_and_chunks_through_the_projects_attention() -> None:
+    """It gives Llama 4 the project's attention (flash on TPU) with transformers' own logits:
+    causal within each packed document, its rotary layers within chunks of
+    attention_chunk_size tokens too, a padded row's chunks counted from its first token."""
+    import copy
+
+    from {{ cookiecutter.package_name }} import hf
+    from {{ cookiecutter.package_name }}.hf.attention import NAME
+    from {{ cookiecutter.package_name }}.hf.moe import MoeSettings
+    from {{ cookiecutter.package_name }}.tasks.hf_causal_lm import make_task
+
+    fields = {**SHAPES[LLAMA4]["config_fields"], "attention_chunk_size": 4}
+    torch.manual_seed(0)
+    task = make_task(**{**tiny_options(LLAMA4), "config_fields": fields})
+    model = hf.prepare(task.build_model(), MoeSettings(capacity_factor=0.0)).eval()
+    assert model.config._attn_implementation == NAME
+    assert model.config.layer_types.count("chunked_attention") == 3
+    reference = copy.deepcopy(model)
+    reference.set_attn_implementation("sdpa")  # transformers' own attention and chunked masks
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(5))
+    positions = torch.cat([torch.arange(6), torch.arange(10)]).repeat(2, 1)  # 6 + 10 tokens
+    padding = torch.ones(2, 16, dtype=torch.long)
+    padding[1, :3] = 0  # the second row starts after 3 padded tokens
+    with torch.no_grad():
+        for given in ({}, {"position_ids": positions}, {"attention_mask": padding}):
+            ours, theirs = (m(input_ids=tokens, **given).logits for m in (model, reference))
+            valid = padding.bool() if "attention_mask" in given else slice(None)
+            torch.testing.assert_close(ours[valid], theirs[valid], rtol=1e-5, atol=1e-5)
+        whole = reference.model.config.attention_chunk_size
+        reference.config.attention_chunk_size = 64  # one chunk: plain causal
+        unchunked = reference(input_ids=tokens).logits
+        reference.config.attention_chunk_size = whole
+    assert (unchunked - model(input_ids=tokens).logits).abs().max() > 1e-3
+
+
 def test_llama4_expert_axis_splits_its_experts_without_a_plan_in_its_config() -> None:
     """It splits Llama 4's stacked expert weights over `expert` from the static experts' own
     plan where transformers' config has none (transformers 5.24 dropped it)."""

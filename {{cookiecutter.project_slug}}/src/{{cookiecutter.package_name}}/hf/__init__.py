@@ -41,7 +41,7 @@ def prepare(model: nn.Module, moe: MoeSettings | None = None) -> nn.Module:
     if inner is None:
         return model
     from ..core import ops
-    from .attention import NAME, plain_causal, register, watch_positions
+    from .attention import NAME, pass_positions, plain_causal, register, watch_positions
     from .masks import static_masks
     from .moe import prepare_experts
 
@@ -53,6 +53,7 @@ def prepare(model: nn.Module, moe: MoeSettings | None = None) -> nn.Module:
         register()
         inner.set_attn_implementation(NAME)
         watch_positions(inner)
+        pass_positions(inner)
     elif inner.config._attn_implementation not in ("sdpa", "eager"):
         inner.set_attn_implementation("sdpa")
     return model
