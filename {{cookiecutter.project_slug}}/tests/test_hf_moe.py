@@ -247,9 +247,9 @@ def test_llama4_expert_axis_gives_the_one_device_losses(python_subprocess: Any) 
 
 
 def test_llama4_attends_within_documents_and_chunks_through_the_projects_attention() -> None:
-    """It gives Llama 4 the project's attention (flash on TPU) with transformers' own logits:
-    causal within each packed document, its rotary layers within chunks of
-    attention_chunk_size tokens too, a padded row's chunks counted from its first token."""
+    """It gives Llama 4 the project's attention (flash on TPU) with transformers' own logits,
+    its rotary layers attending within chunks of attention_chunk_size tokens, a padded row's
+    chunks counted from its first token, and each packed document the logits it has alone."""
     import copy
 
     from {{ cookiecutter.package_name }} import hf
@@ -270,10 +270,14 @@ def test_llama4_attends_within_documents_and_chunks_through_the_projects_attenti
     padding = torch.ones(2, 16, dtype=torch.long)
     padding[1, :3] = 0  # the second row starts after 3 padded tokens
     with torch.no_grad():
-        for given in ({}, {"position_ids": positions}, {"attention_mask": padding}):
+        for given in ({}, {"attention_mask": padding}):
             ours, theirs = (m(input_ids=tokens, **given).logits for m in (model, reference))
-            valid = padding.bool() if "attention_mask" in given else slice(None)
+            valid = padding.bool() if given else slice(None)
             torch.testing.assert_close(ours[valid], theirs[valid], rtol=1e-5, atol=1e-5)
+        # Packed: each document chunked from its own start (transformers 5.20 chunks the row).
+        packed = model(input_ids=tokens, position_ids=positions).logits
+        alone = [reference(input_ids=tokens[:, a:b]).logits for a, b in ((0, 6), (6, 16))]
+        torch.testing.assert_close(packed, torch.cat(alone, 1), rtol=1e-5, atol=1e-5)
         whole = reference.model.config.attention_chunk_size
         reference.config.attention_chunk_size = 64  # one chunk: plain causal
         unchunked = reference(input_ids=tokens).logits

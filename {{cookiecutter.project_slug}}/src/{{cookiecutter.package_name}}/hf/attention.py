@@ -17,12 +17,14 @@ whether the caller gave positions; the note holds through that forward's backwar
 recomputed layer attends as it did).
 
 Llama 4's chunked layers attend causally within documents and within chunks of
-`attention_chunk_size` tokens (counted from a row's first unpadded token, as transformers
-counts them): each (document, chunk) pair is a segment of its own. Its decoder layers keep
-their `position_ids` from their attention: `pass_positions` hands them on, by a keyword of
-the project's, so a recomputed layer gets them again from its own inputs. Layers whose attention is
-more than that (sliding windows, logit soft-capping, attention sinks, bidirectional parts)
-keep transformers' SDPA and its masks, which honour documents through the same position ids.
+`attention_chunk_size` tokens, each (document, chunk) pair a segment of its own: chunks of a
+document's positions where the caller gives them (a packed document is chunked as it is
+alone, as transformers 5.24 chunks it; 5.20 chunked the row), else of the row's tokens from
+its first unpadded one. Its decoder layers keep their `position_ids` from their attention:
+`pass_positions` hands them on, by a keyword of the project's, so a recomputed layer gets
+them again from its own inputs. Layers whose attention is more than that (sliding windows,
+logit soft-capping, attention sinks, bidirectional parts) keep transformers' SDPA and its
+masks, which honour documents through the same position ids.
 """
 
 from __future__ import annotations
@@ -140,12 +142,14 @@ def documents_attention(
     batch, tokens = query.shape[0], query.shape[2]
     if position_ids is None:
         position_ids = kwargs.get(LAYER_POSITIONS)
-    segments = None
+    segments = positions = None
     if position_ids is not None and _POSITIONS["given"]:
-        segments = document_segments(position_ids.expand(batch, tokens))
+        positions = position_ids.expand(batch, tokens)
+        segments = document_segments(positions)
     chunk = _chunk_size(module)
     if chunk is not None and chunk < tokens:
-        segments = _within_chunks(segments, attention_mask, chunk, batch, tokens, query.device)
+        shape = (batch, tokens)
+        segments = _within_chunks(segments, positions, attention_mask, chunk, shape, query.device)
     if attention_mask is not None:  # padded tokens: a segment of their own, read by no other
         valid = attention_mask.to(torch.bool).expand(batch, tokens)
         base = segments if segments is not None else torch.zeros_like(valid, dtype=torch.int32)
@@ -156,7 +160,7 @@ def documents_attention(
 
 def _chunk_size(module: Any) -> int | None:
     """The chunk a layer attends within (Llama 4's rotary layers), else None."""
-    config = getattr(module, "config", None)
+    config: Any = getattr(module, "config", None)
     kinds = getattr(config, "layer_types", None) or ()
     index = getattr(module, "layer_idx", None)
     if index is None or index >= len(kinds) or kinds[index] != CHUNKED:
@@ -166,18 +170,19 @@ def _chunk_size(module: Any) -> int | None:
 
 def _within_chunks(
     segments: torch.Tensor | None,
+    positions: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
     chunk: int,
-    batch: int,
-    tokens: int,
+    shape: tuple[int, int],
     device: torch.device,
 ) -> torch.Tensor:
     """Segments that also end at every chunk's end: one per (document, chunk) pair."""
-    index = torch.arange(tokens, device=device).expand(batch, tokens)
-    if attention_mask is not None:  # chunks count from the first unpadded token
-        mask = attention_mask.to(torch.int32).expand(batch, tokens)
-        index = index - (mask.cumsum(-1) == 0).sum(-1, keepdim=True)
-    chunks = torch.div(index, chunk, rounding_mode="floor").to(torch.int32)
+    if positions is None:  # one document a row: its tokens, from the first unpadded one
+        positions = torch.arange(shape[1], device=device).expand(shape)
+        if attention_mask is not None:
+            unpadded = attention_mask.to(torch.int32).expand(shape)
+            positions = positions - (unpadded.cumsum(-1) == 0).sum(-1, keepdim=True)
+    chunks = torch.div(positions, chunk, rounding_mode="floor").to(torch.int32)
     if segments is None:
         return chunks
-    return segments * (tokens // chunk + 2) + chunks
+    return segments * (positions.shape[-1] // chunk + 2) + chunks
