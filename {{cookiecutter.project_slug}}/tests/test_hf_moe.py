@@ -173,10 +173,12 @@ def test_llama4_trains_with_one_graph(llama4_runs: dict[str, Any]) -> None:
     assert [run["loop_compilations"] for run in llama4_runs.values()] == [1, 1]
 
 
-def test_llama4_static_experts_equal_transformers_llama4_moe() -> None:
+def test_llama4_static_experts_equal_transformers_llama4_moe(device: Any) -> None:
     """It gives transformers' own Llama 4 logits, loss and gradients within 1e-5 on the same
     weights (dense and mixture layers, one without rotary embeddings), computing each
     token's top-k experts only, on its input scaled by the router's score."""
+    # (The device is in use first: autograd must know it before any backward pass, or a
+    # later test's backward on it fails.)
     import copy
 
     from {{ cookiecutter.package_name }} import hf
@@ -301,10 +303,13 @@ def test_llama4_expert_axis_splits_its_experts_without_a_plan_in_its_config() ->
     assert {rule.spec[0] for rule in rules} == {"expert"}
 
 
-def test_llama4_lora_leaves_its_router_out_of_all_linear_and_refuses_it_by_name() -> None:
+def test_llama4_lora_leaves_its_router_out_of_all_linear_and_refuses_it_by_name(
+    device: Any,
+) -> None:
     """It puts `all-linear` adapters on Llama 4's attention and shared experts, not on its
     router (a Linear whose forward returns its scores and logits), trains them, and refuses
     the router named as a target in one line."""
+    # (The device in use first, as above.)
     from {{ cookiecutter.package_name }} import hf
     from {{ cookiecutter.package_name }}.hf import HFConfigError
     from {{ cookiecutter.package_name }}.hf.lora import LoraSettings, apply_lora
