@@ -31,6 +31,10 @@ TRAIN_8_DEVICES = 2
 STRATEGIES = ("single", "ddp", "fsdp")
 # A plain `module.to(device)` keeps tied weights one parameter on the CPU.
 PLAIN_TO_UNTIES = False
+# A mixture's experts' capacity and its router's balancing loss count each process's own
+# tokens: under fsdp its processes drop other tokens than one device does, and balance other
+# loads (the loss of a mean is not the mean of the processes' losses).
+MOE_OVER_THE_GLOBAL_BATCH = False
 # AdamW counts its steps on the host (not capturable): its state on the device is its moments.
 STEP_COUNTS_ON_DEVICE = False
 # The compiled step draws dropout's random numbers as dynamo's graphs do, not as the eager
@@ -65,6 +69,9 @@ TRAIN_8_DEVICES = 8
 STRATEGIES = ("single", "ddp", "spmd", "fsdp")
 # A plain `module.to(device)` gives each tied use its own copy on the XLA device.
 PLAIN_TO_UNTIES = True
+# One program runs the global batch (SPMD): a mixture's experts' capacity and its router's
+# balancing loss count all of its tokens.
+MOE_OVER_THE_GLOBAL_BATCH = True
 # AdamW counts its steps on the device (capturable): a 4-byte count per parameter tensor.
 STEP_COUNTS_ON_DEVICE = True
 # The replayed step draws from the device's seed as the traced step does.

@@ -506,6 +506,38 @@ def test_mixtral_8x7b_by_name_has_its_sizes_and_splits_its_experts() -> None:
     assert report["per_device"]["param_bytes"] == 4 * (experts // 8 + rest // 2)
 
 
+def test_llama4_scout_by_name_plans_as_its_saved_config_with_its_published_sizes(
+    tmp_path: Path,
+) -> None:
+    """It plans `--architecture llama4_text --size scout` as Llama 4 Scout's saved text config:
+    its 17B active parameters of about 108B (109B with the vision encoder), an eighth of its
+    16 experts per device on fsdp=2,expert=4."""
+    transformers = needs_transformers()
+    config = transformers.Llama4TextConfig(
+        vocab_size=202048, hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
+        num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+        num_local_experts=16, num_experts_per_tok=1, interleave_moe_layer_step=1,
+        max_position_embeddings=10485760, tie_word_embeddings=False,
+    )  # fmt: skip
+    config.save_pretrained(tmp_path / "scout")
+    with torch.device("meta"):
+        model = transformers.Llama4ForCausalLM(config)
+    experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    rest = sum(p.numel() for name, p in model.named_parameters() if ".experts." not in name)
+    mesh = ["--mesh", "fsdp=2,expert=4"]
+
+    by_name = plan("--architecture", "llama4_text", "--size", "scout", *SHORT[:-2], *mesh)
+    saved = plan("--hf-config", str(tmp_path / "scout"), *SHORT[:-2], *mesh)
+
+    assert by_name["parameter_count"] == saved["parameter_count"] == experts + rest
+    assert round(by_name["parameter_count"] / 1e9) == 108
+    assert by_name["active_parameter_count"] == rest + experts // 16
+    assert round(by_name["active_parameter_count"] / 1e9) == 17
+    assert by_name["per_device"] == saved["per_device"]
+    # fp32 weights (bf16-mixed): the experts over expert x fsdp, the rest over fsdp alone.
+    assert by_name["per_device"]["param_bytes"] == 4 * (experts // 8 + rest // 2)
+
+
 ARCHITECTURE_ERRORS = {
     "unknown-size": (["--size", "13b"], "'13b' is not a known llama size: llama sizes are 8b, 70b"),
     "size-left-out": (["--size", "dim=64"], "--size leaves out vocab, layers, heads"),

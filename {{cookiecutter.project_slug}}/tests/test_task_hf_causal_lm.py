@@ -117,6 +117,14 @@ BAD_OPTIONS = {
         {"architecture": "t5"},
         r"^architecture 't5' is a 't5' encoder-decoder model",
     ),
+    "multimodal config the sizes do not reach": (
+        {"architecture": "llama4"},
+        r"^architecture 'llama4' configures a model whose decoder \('llama4_text'\) the size",
+    ),
+    "field the config lacks": (
+        {"architecture": "llama4_text", "config_fields": {"interleave_moe_layers": 2}},
+        r"^config_fields: Llama4TextConfig has no field 'interleave_moe_layers'",
+    ),
     "size options beside model_name": (
         {"model_name": "some/model", "dim": 64, "layers": 4},
         r"^task option\(s\) dim, layers, heads conflict with model_name",

@@ -137,3 +137,24 @@ def host_learning_rate(optimizer: torch.optim.Optimizer) -> str | None:
             return None
         return f"{type(optimizer).__name__} without capturable=True computes its step on the host"
     return f"{type(optimizer).__name__} takes its learning rate as a host number"
+
+
+# The kernels `lower_host_ops` registers (a torch.library.Library drops them when collected).
+_LOWERED: list[torch.library.Library] = []
+
+
+def lower_host_ops() -> None:
+    """Give XLA its own kernels for the ops models use that torch_xla 2.9 runs on the host
+    (idempotent): `aten::polar` (Llama 4's and DeepSeek-V2's rotary embeddings), which would
+    copy the step's angles to the CPU and back every step."""
+    if _LOWERED:
+        return
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("polar", _polar, "XLA")
+    _LOWERED.append(library)
+
+
+def _polar(abs: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    parts = torch.stack([abs * torch.cos(angle), abs * torch.sin(angle)], dim=-1)
+    # Below functionalization here: torch_xla has the view's copy, and no torch.complex.
+    return torch.ops.aten.view_as_complex_copy(parts)

@@ -43,21 +43,26 @@ def prepare(model: nn.Module, moe: MoeSettings | None = None) -> nn.Module:
       and its masks.
     - Mixtures of experts compute their experts with static shapes, and return their
       router's load-balancing loss while training (`moe.py`, with `moe`'s settings).
+    - Ops some models use that the backend would run on the host get kernels of their
+      own (`core.ops.lower_host_ops`: Llama 4's complex rotary embeddings).
     """
     inner = unwrap(model)
     if inner is None:
         return model
-    from .attention import NAME, plain_causal, register, watch_positions
+    from ..core import ops
+    from .attention import NAME, pass_positions, plain_causal, register, watch_positions
     from .masks import static_masks
     from .moe import prepare_experts
 
     static_masks()
+    ops.lower_host_ops()
     prepare_experts(model, moe)
     inner.config.use_cache = False
     if plain_causal(inner.config):
         register()
         inner.set_attn_implementation(NAME)
         watch_positions(inner)
+        pass_positions(inner)
     elif inner.config._attn_implementation not in ("sdpa", "eager"):
         inner.set_attn_implementation("sdpa")
     return model

@@ -16,9 +16,15 @@ a sixth of a small Llama's step. `watch_positions` notes, at each forward of the
 whether the caller gave positions; the note holds through that forward's backward (a
 recomputed layer attends as it did).
 
-Layers whose attention is more than causal within documents (sliding windows, chunks, logit
-soft-capping, attention sinks, bidirectional parts) keep transformers' SDPA and its masks,
-which honour documents through the same position ids.
+Llama 4's chunked layers attend causally within documents and within chunks of
+`attention_chunk_size` tokens, each (document, chunk) pair a segment of its own: chunks of a
+document's positions where the caller gives them (a packed document is chunked as it is
+alone, as transformers 5.24 chunks it; 5.20 chunked the row), else of the row's tokens from
+its first unpadded one. Its decoder layers keep their `position_ids` from their attention:
+`pass_positions` hands them on, by a keyword of the project's, so a recomputed layer gets
+them again from its own inputs. Layers whose attention is more than that (sliding windows,
+logit soft-capping, attention sinks, bidirectional parts) keep transformers' SDPA and its
+masks, which honour documents through the same position ids.
 """
 
 from __future__ import annotations
@@ -33,16 +39,25 @@ from .common import HFConfigError
 
 NAME = "xla_documents"
 # Config fields that make attention more than causal within documents, when set.
-BEYOND_CAUSAL = ("attn_logit_softcapping", "attention_chunk_size")
+BEYOND_CAUSAL = ("attn_logit_softcapping",)
+CHUNKED = "chunked_attention"  # a layer kind: causal within chunks of attention_chunk_size
+# Decoder layers that take `position_ids` and do not pass them to their attention (Llama 4's),
+# and the keyword `pass_positions` passes them by.
+KEEP_POSITIONS = ("Llama4TextDecoderLayer",)
+LAYER_POSITIONS = "xla_position_ids"
+_PASSING = "_xla_passes_positions"
 
 
 def plain_causal(config: Any) -> bool:
-    """Whether every layer of a model with `config` attends causally within documents only."""
+    """Whether every layer of a model with `config` attends causally within documents (and
+    within chunks, where its layers say so) only."""
     if not getattr(config, "is_causal", True):
         return False
     layer_types = getattr(config, "layer_types", None) or ()
-    if any(kind != "full_attention" for kind in layer_types):
+    if any(kind not in ("full_attention", CHUNKED) for kind in layer_types):
         return False
+    if getattr(config, "attention_chunk_size", None) and CHUNKED not in layer_types:
+        return False  # chunks, but no word of which layers have them
     if any(getattr(config, name, None) for name in BEYOND_CAUSAL):
         return False
     return not (
@@ -67,6 +82,22 @@ def watch_positions(model: nn.Module) -> None:
         _POSITIONS["given"] = given is not None
 
     model.register_forward_pre_hook(before, with_kwargs=True)
+
+
+def pass_positions(model: nn.Module) -> None:
+    """Hand the `position_ids` of each decoder layer that keeps them on to its attention."""
+    for module in model.modules():
+        if type(module).__name__ in KEEP_POSITIONS and not getattr(module, _PASSING, False):
+            module.register_forward_pre_hook(_positions_to_attention, with_kwargs=True)
+            setattr(module, _PASSING, True)
+
+
+def _positions_to_attention(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    if kwargs.get("position_ids") is None:
+        return None
+    return args, {**kwargs, LAYER_POSITIONS: kwargs["position_ids"]}  # on through **kwargs
 
 
 def register() -> None:
@@ -109,12 +140,49 @@ def documents_attention(
     if kwargs.get("s_aux") is not None:
         raise HFConfigError(f"{type(module).__name__} has attention sinks: run it with sdpa")
     batch, tokens = query.shape[0], query.shape[2]
-    segments = None
+    if position_ids is None:
+        position_ids = kwargs.get(LAYER_POSITIONS)
+    segments = positions = None
     if position_ids is not None and _POSITIONS["given"]:
-        segments = document_segments(position_ids.expand(batch, tokens))
+        positions = position_ids.expand(batch, tokens)
+        segments = document_segments(positions)
+    chunk = _chunk_size(module)
+    if chunk is not None and chunk < tokens:
+        shape = (batch, tokens)
+        segments = _within_chunks(segments, positions, attention_mask, chunk, shape, query.device)
     if attention_mask is not None:  # padded tokens: a segment of their own, read by no other
         valid = attention_mask.to(torch.bool).expand(batch, tokens)
         base = segments if segments is not None else torch.zeros_like(valid, dtype=torch.int32)
         segments = torch.where(valid, base, torch.full_like(base, -1))
     out = causal_attention(query, key, value, segments, scale=scaling, dropout=dropout)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _chunk_size(module: Any) -> int | None:
+    """The chunk a layer attends within (Llama 4's rotary layers), else None."""
+    config: Any = getattr(module, "config", None)
+    kinds = getattr(config, "layer_types", None) or ()
+    index = getattr(module, "layer_idx", None)
+    if index is None or index >= len(kinds) or kinds[index] != CHUNKED:
+        return None
+    return int(config.attention_chunk_size)
+
+
+def _within_chunks(
+    segments: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    chunk: int,
+    shape: tuple[int, int],
+    device: torch.device,
+) -> torch.Tensor:
+    """Segments that also end at every chunk's end: one per (document, chunk) pair."""
+    if positions is None:  # one document a row: its tokens, from the first unpadded one
+        positions = torch.arange(shape[1], device=device).expand(shape)
+        if attention_mask is not None:
+            unpadded = attention_mask.to(torch.int32).expand(shape)
+            positions = positions - (unpadded.cumsum(-1) == 0).sum(-1, keepdim=True)
+    chunks = torch.div(positions, chunk, rounding_mode="floor").to(torch.int32)
+    if segments is None:
+        return chunks
+    return segments * (positions.shape[-1] // chunk + 2) + chunks

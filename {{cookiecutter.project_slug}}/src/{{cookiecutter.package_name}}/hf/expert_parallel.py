@@ -11,6 +11,7 @@ share of the tokens on every device; XLA's partitioner moves the tokens to their
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from torch import nn
@@ -22,11 +23,17 @@ SPLIT_EXPERTS = {"grouped_gemm"}
 
 
 def expert_parallel_plan(model: nn.Module) -> dict[str, str]:
-    """The model's plan: parameter pattern -> style."""
+    """The model's plan: parameter pattern -> style (for Llama 4, whose plan later
+    transformers dropped, the one of the experts `llama4.py` dispatches)."""
     inner = unwrap(model)
     if inner is None:
         return {}
-    return dict(getattr(inner.config, "base_model_ep_plan", None) or {})
+    plan = dict(getattr(inner.config, "base_model_ep_plan", None) or {})
+    if not plan and "transformers.models.llama4.modeling_llama4" in sys.modules:
+        from .llama4 import expert_parallel_plan as llama4_plan
+
+        plan = llama4_plan(inner)
+    return plan
 
 
 def expert_parallel_rules(model: nn.Module, expert: int) -> list[Rule]:

@@ -14,6 +14,7 @@ registered as "xla", keeps every shape fixed:
 - Combine: each pair gathers its row back (the inverse of the dispatch), weighted by its
   routing weight, and a token sums its pairs. A pair over capacity gets zeros: its token
   passes that expert by the layer's residual connection, and is counted as dropped.
+  Llama 4 weighs a pair's input instead of its output (`weigh_inputs`, `llama4.py`).
 
 `capacity = ceil(capacity_factor x tokens x top_k / experts)`; `capacity_factor = 0` is
 dropless (every expert may take every token), which gives transformers' own results. On
@@ -52,12 +53,24 @@ class Routing:
 
 
 def xla_experts(
-    self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    self: Any,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    weigh_inputs: bool = False,
 ) -> torch.Tensor:
-    """The experts' output for each token ([tokens, hidden]), as transformers' own compute it."""
+    """The experts' output for each token ([tokens, hidden]), as transformers' own compute it:
+    each pair's output weighted, or (`weigh_inputs`, Llama 4's) its input."""
     routing: Routing = getattr(self, SETTINGS, Routing())
     tokens, top_k = top_k_index.shape
     pairs, experts = tokens * top_k, self.num_experts
+    # The rows the experts take, and the row of each pair (a pair of the sorted order o
+    # takes row o // step): the tokens, or each pair's token scaled by its weight.
+    rows, step = hidden_states, top_k
+    if weigh_inputs:
+        weights = top_k_weights.to(hidden_states.dtype).unsqueeze(-1)
+        rows, step = (hidden_states.unsqueeze(1) * weights).reshape(pairs, -1), 1
+    out_weights = None if weigh_inputs else top_k_weights
     expert_of = top_k_index.reshape(-1)
     order = torch.argsort(expert_of, stable=True)  # pairs grouped by expert
     ones = torch.ones_like(expert_of)
@@ -67,11 +80,10 @@ def xla_experts(
         capacity = math.ceil(pairs / experts)
     elif routing.grouped_matmul and kernels.grouped_matmul_ready(hidden_states):
         setattr(self, LOADS, (loads, ones.sum()))
-        rows = hidden_states[order // top_k]
         grouped = lambda x, w: kernels.grouped_matmul(x, w, loads)  # noqa: E731
-        out = _experts(self, rows, expert_of[order], grouped)
+        out = _experts(self, rows[order // step], expert_of[order], grouped)
         restored = torch.empty_like(out).index_copy(0, order, out)
-        return _combine(restored, top_k_weights, hidden_states.dtype)
+        return _combine(restored, top_k, out_weights, hidden_states.dtype)
     else:
         capacity = routing.capacity(tokens, pairs, experts)
     sorted_expert = expert_of[order]
@@ -81,24 +93,25 @@ def xla_experts(
     spare = experts * capacity  # the slot of every dropped pair: zeros, cut off
     slot_sorted = torch.where(kept, sorted_expert * capacity + rank, spare)
     slot = torch.empty_like(slot_sorted).scatter(0, order, slot_sorted)  # each pair's slot
-    token_of_slot = slot.new_full((spare + 1,), tokens)  # an empty slot takes the zero row
-    token_of_slot = token_of_slot.scatter(0, slot_sorted, order // top_k)[:spare]
-    padded = torch.cat([hidden_states, hidden_states.new_zeros(1, hidden_states.shape[-1])])
-    buffer = padded[token_of_slot].view(experts, capacity, -1)
+    row_of_slot = slot.new_full((spare + 1,), rows.shape[0])  # an empty slot: the zero row
+    row_of_slot = row_of_slot.scatter(0, slot_sorted, order // step)[:spare]
+    padded = torch.cat([rows, rows.new_zeros(1, rows.shape[-1])])
+    buffer = padded[row_of_slot].view(experts, capacity, -1)
     ids = torch.arange(experts, device=expert_of.device).repeat_interleave(capacity)
     out = _experts(self, buffer, ids.view(experts, capacity), torch.bmm)
     setattr(self, LOADS, (loads, kept.sum()))
     out = torch.cat([out.reshape(spare, -1), out.new_zeros(1, out.shape[-1])])
-    return _combine(out[slot], top_k_weights, hidden_states.dtype)
+    return _combine(out[slot], top_k, out_weights, hidden_states.dtype)
 
 
 def _combine(
-    per_pair: torch.Tensor, top_k_weights: torch.Tensor, dtype: torch.dtype
+    per_pair: torch.Tensor, top_k: int, weights: torch.Tensor | None, dtype: torch.dtype
 ) -> torch.Tensor:
-    """Each token's pairs weighted and summed, in pair order ([tokens x top_k, hidden])."""
-    tokens, top_k = top_k_weights.shape
-    weighted = per_pair * top_k_weights.reshape(-1, 1).to(per_pair.dtype)
-    return weighted.view(tokens, top_k, -1).sum(dim=1).to(dtype)
+    """Each token's pairs (in pair order, [tokens x top_k, hidden]) weighted (unless their
+    inputs were) and summed."""
+    if weights is not None:
+        per_pair = per_pair * weights.reshape(-1, 1).to(per_pair.dtype)
+    return per_pair.view(-1, top_k, per_pair.shape[-1]).sum(dim=1).to(dtype)
 
 
 def _experts(self: Any, x: torch.Tensor, expert_ids: torch.Tensor, matmul: Any) -> torch.Tensor:

@@ -81,11 +81,14 @@ def apply_lora(model: nn.Module, settings: LoraSettings, precision: str) -> nn.M
     settings.check_precision(precision)
     targets: Any = settings.target_modules
     _check_expert_targets(model, targets)
+    routers = _linear_routers(model)
+    _check_router_targets(routers, targets)
     config = LoraConfig(
         r=settings.rank,
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
         target_modules=targets if isinstance(targets, str) else list(targets),
+        exclude_modules=sorted(routers) or None,  # from all-linear
     )
     try:
         with quiet_peft_wrapping():
@@ -142,6 +145,39 @@ def _check_expert_targets(model: nn.Module, targets: tuple[str, ...] | str) -> N
                 "expert weights, which peft cannot wrap as target modules (they are not Linear "
                 "layers): target the attention projections (q_proj, k_proj, v_proj, o_proj), "
                 "or 'all-linear'"
+            )
+
+
+def _linear_routers(model: nn.Module) -> dict[str, str]:
+    """The routers (what transformers records router logits from) that are Linear layers with
+    a forward of their own, which returns more than their output (Llama 4's: its scores and
+    logits) for a LoRA layer to add to: name -> class name."""
+    kinds: set[type[nn.Linear]] = set()
+    for module in model.modules():
+        recorded = (getattr(module, "_can_record_outputs", None) or {}).get("router_logits")
+        kind = getattr(recorded, "target_class", recorded)
+        if isinstance(kind, type) and issubclass(kind, nn.Linear):
+            kinds.add(kind)
+    return {
+        name: type(module).__name__
+        for name, module in model.named_modules()
+        if type(module) in kinds and type(module).forward is not nn.Linear.forward
+    }
+
+
+def _check_router_targets(routers: dict[str, str], targets: tuple[str, ...] | str) -> None:
+    """Refuse targets naming such a router (`all-linear` leaves them out)."""
+    if isinstance(targets, str):
+        return
+    for target in targets:
+        leaf = target.rsplit(".", 1)[-1]
+        found = [kind for name, kind in routers.items() if name.rsplit(".", 1)[-1] == leaf]
+        if found:
+            raise HFConfigError(
+                f"lora.target_modules {target!r} names {found[0]}, a router whose forward returns "
+                "more than a Linear layer's output (a LoRA layer adds to that output): target "
+                "the attention projections (q_proj, k_proj, v_proj, o_proj), or 'all-linear', "
+                "which leaves it out"
             )
 
 

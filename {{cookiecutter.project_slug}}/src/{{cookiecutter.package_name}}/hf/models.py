@@ -9,6 +9,7 @@ project trains next-token predictors.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,7 @@ class Sizes:
             "num_key_value_heads": self.kv_heads or self.heads,
             "head_dim": self.dim // self.heads,
             "intermediate_size": mlp,
+            "intermediate_size_mlp": mlp,  # Llama 4's dense layers (its experts': the above)
             "n_inner": mlp,
             # No special token ids: a byte vocabulary has none, and defaults point past it.
             "bos_token_id": None,
@@ -103,8 +105,9 @@ def check_decoder(config: Any, what: str) -> None:
         raise HFConfigError(f"{what} is a {kind!r} model, which has no causal LM head")
 
 
-def decoder_config(architecture: str, sizes: Sizes) -> Any:
-    """The config of a decoder of `architecture` with these sizes (no download)."""
+def decoder_config(architecture: str, sizes: Sizes, fields: Mapping[str, Any] | None = None) -> Any:
+    """The config of a decoder of `architecture` with these sizes (no download), and `fields`
+    of its config set over them (Llama 4's `interleave_moe_layer_step`, a sliding window)."""
     from transformers import AutoConfig
 
     sizes.check()
@@ -115,9 +118,25 @@ def decoder_config(architecture: str, sizes: Sizes) -> Any:
         )
     values = sizes.config_values()
     values.update(_expert_values(architecture, sizes))
+    values.update(_config_fields(architecture, fields or {}))
     config = AutoConfig.for_model(architecture, **values)
     check_decoder(config, f"architecture {architecture!r}")
+    _check_sizes_reach_the_decoder(architecture, config, sizes)
     return config
+
+
+def _check_sizes_reach_the_decoder(architecture: str, config: Any, sizes: Sizes) -> None:
+    """Refuse a composite (multimodal) config whose decoder keeps its own full-size shape."""
+    try:
+        text = config.get_text_config()
+    except ValueError:  # several text configs: none is the decoder's alone
+        return
+    if text is not config and getattr(text, "hidden_size", sizes.dim) != sizes.dim:
+        raise HFConfigError(
+            f"architecture {architecture!r} configures a model whose decoder "
+            f"({text.model_type!r}) the size options do not reach (it would be built "
+            f"{text.hidden_size} wide, as published): use architecture {text.model_type!r}"
+        )
 
 
 # An expert's hidden size by its name in each family (Mixtral and OLMoE use the MLP's).
@@ -150,6 +169,22 @@ def _expert_values(architecture: str, sizes: Sizes) -> dict[str, Any]:
             if value and hasattr(defaults, name):
                 values[name] = value
     return values
+
+
+def _config_fields(architecture: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """`fields` as given, once each is known to be one of the architecture's config."""
+    from transformers import CONFIG_MAPPING
+
+    if not fields:
+        return {}
+    defaults = CONFIG_MAPPING[architecture]()
+    unknown = sorted(name for name in fields if not hasattr(defaults, name))
+    if unknown:
+        raise HFConfigError(
+            f"config_fields: {type(defaults).__name__} has no field {unknown[0]!r} (the "
+            f"fields of its config.json are its fields)"
+        )
+    return dict(fields)
 
 
 def build_decoder(config: Any) -> nn.Module:

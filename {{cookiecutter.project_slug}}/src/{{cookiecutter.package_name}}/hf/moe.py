@@ -6,7 +6,9 @@ with the run's `[moe]` settings, and while gradients are recorded asks it for it
 logits: transformers then returns the load-balancing loss (`aux_loss`) each MoE model
 defines. It also passes an all-ones attention mask when the caller gives none, because
 transformers counts each expert's tokens with `torch.bincount` without a mask (XLA has no
-lowering: a host round trip every step) and with `scatter_add` given one. A model that
+lowering: a host round trip every step) and with `scatter_add` given one. Llama 4's
+mixture layers, which compute their experts outside the interface (densely, over every
+expert), are made to call the static experts themselves (`llama4.py`); another model that
 declares experts but computes them some other way (older remote code) is refused.
 
 `add_router_loss` is what a task adds to its loss; `router_metrics` are device scalars of
@@ -15,6 +17,7 @@ the last forward the training loop logs with the loss, in the same transfer.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -87,28 +90,52 @@ def declares_experts(config: Any) -> bool:
 def prepare_experts(model: nn.Module, settings: MoeSettings | None = None) -> None:
     """Static experts, router logits while training, the aux loss kept (idempotent)."""
     inner = unwrap(model)
+    if inner is None:
+        return
+    llama4 = _llama4(inner)
+    if llama4 is not None:  # its experts join the interface's: found again
+        llama4.adopt(inner)
+        for holder in (model, inner):
+            vars(holder).pop(EXPERTS, None)
     experts = experts_modules(model)
     if not experts:
-        if inner is not None and declares_experts(inner.config):
+        if declares_experts(inner.config):
             raise HFConfigError(
                 f"{type(inner).__name__} computes its experts outside transformers' experts "
                 "interface (@use_experts_implementation), where their shapes cannot be made "
                 "static (such code may read the device every step): use a mixture transformers "
-                "runs through it (mixtral, qwen2_moe, qwen3_moe, olmoe, ...)"
+                "runs through it (mixtral, qwen2_moe, qwen3_moe, olmoe, ...) or Llama 4"
             )
         return
     settings = settings or MoeSettings()
-    register()
-    inner.set_experts_implementation(NAME)
     routing = Routing(settings.capacity_factor, settings.grouped_matmul)
     for module in experts:
         setattr(module, SETTINGS, routing)
+    if llama4 is not None:  # its layers call the static experts themselves
+        if settings.router_aux_loss_coef:
+            raise HFConfigError(
+                f"moe.router_aux_loss_coef = {settings.router_aux_loss_coef}: transformers' "
+                "Llama 4 defines no load-balancing loss to weigh; remove it"
+            )
+        return
+    register()
+    inner.set_experts_implementation(NAME)
     if settings.router_aux_loss_coef is not None:
         inner.router_aux_loss_coef = settings.router_aux_loss_coef  # what transformers reads
     if not getattr(inner, HOOKED, False):
         inner.register_forward_pre_hook(_ask_for_router_logits, with_kwargs=True)
         inner.register_forward_hook(_keep_aux_loss)
         setattr(inner, HOOKED, True)
+
+
+def _llama4(model: nn.Module) -> Any:
+    """The `llama4` module when `model` holds Llama 4 mixture layers (their transformers
+    module is then loaded), else None."""
+    if "transformers.models.llama4.modeling_llama4" not in sys.modules:
+        return None
+    from . import llama4
+
+    return llama4 if llama4.has_llama4_experts(model) else None
 
 
 def _ask_for_router_logits(

@@ -1,10 +1,13 @@
 """Decoder shapes `plan --architecture` builds without any config file: sizes known by name
-(Llama 3's 8B and 70B, Llama 3.1's 405B, Mixtral's 8x7B), or written out
-(`--size dim=4096,layers=32,...`), or both (`--size 8b,layers=16`: the 8B shape with 16 layers).
+(Llama 3's 8B and 70B, Llama 3.1's 405B, Mixtral's 8x7B, Llama 4 Scout's text model), or
+written out (`--size dim=4096,layers=32,...`), or both (`--size 8b,layers=16`: the 8B shape
+with 16 layers).
 
 The shapes are the published configs' (meta-llama/Meta-Llama-3-8B and -70B,
-meta-llama/Llama-3.1-405B, mistralai/Mixtral-8x7B-v0.1, `config.json`): only what sizes
-parameters and activations matters here, not rotary or norm settings.
+meta-llama/Llama-3.1-405B, mistralai/Mixtral-8x7B-v0.1, meta-llama/Llama-4-Scout-17B-16E's
+`text_config`, `config.json`): only what sizes parameters and activations matters here, not
+rotary or norm settings. Scout's layers are all mixtures, so its dense layers' MLP size
+(`intermediate_size_mlp`) sizes nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from ..hf.models import Sizes
 
 LLAMA3_VOCAB, LLAMA3_POSITIONS, LLAMA31_POSITIONS = 128256, 8192, 131072
 MIXTRAL_VOCAB, MIXTRAL_POSITIONS = 32000, 32768
+LLAMA4_VOCAB, SCOUT_POSITIONS = 202048, 10485760
 PRESETS: dict[str, dict[str, Sizes]] = {
     "llama": {
         "8b": Sizes(vocab=LLAMA3_VOCAB, positions=LLAMA3_POSITIONS, dim=4096, layers=32,
@@ -29,6 +33,11 @@ PRESETS: dict[str, dict[str, Sizes]] = {
         "8x7b": Sizes(vocab=MIXTRAL_VOCAB, positions=MIXTRAL_POSITIONS, dim=4096, layers=32,
                       heads=32, kv_heads=8, mlp_dim=14336, tie_embeddings=False, experts=8,
                       experts_per_token=2),
+    },
+    "llama4_text": {
+        "scout": Sizes(vocab=LLAMA4_VOCAB, positions=SCOUT_POSITIONS, dim=5120, layers=48,
+                       heads=40, kv_heads=8, mlp_dim=8192, tie_embeddings=False, experts=16,
+                       experts_per_token=1),
     },
 }  # fmt: skip
 FIELDS = ("vocab", "positions", "dim", "layers", "heads", "kv_heads", "mlp_dim", "experts",

@@ -22,7 +22,7 @@ HF_CONFIG_HELP = "Plan a Hugging Face decoder from its config: a cached name or 
 ARCHITECTURE_HELP = "Plan a Hugging Face decoder of this model type (llama, qwen2, ...) and --size."
 SIZE_HELP = (
     "The shape for --architecture: a known size (llama: 8b and 70b, Llama 3's, 405b, Llama "
-    "3.1's; mixtral: 8x7b), "
+    "3.1's; mixtral: 8x7b; llama4_text: scout, Llama 4 Scout's text model), "
     "FIELD=N pairs (vocab, dim, layers, heads, kv_heads, mlp_dim, positions, experts, "
     "experts_per_token), or both: 8b,layers=16."
 )

@@ -1,10 +1,11 @@
 """Hugging Face causal language model: any decoder `transformers` builds, trained as is.
 
 `architecture = "llama"` (or qwen2, gemma, mistral, gpt2, phi3, ...) builds a model of that
-architecture from a config with the size options below: no download, a byte-level
-vocabulary of 256 like the `lm` example. A mixture of experts (mixtral, qwen2_moe,
-qwen3_moe, olmoe, ...) takes `experts` and `experts_per_token` too; its training loss
-includes its router's load-balancing loss. `model_name` starts from a pretrained model
+architecture from a config with the size options below (`config_fields` sets any other
+field of its config): no download, a byte-level vocabulary of 256 like the `lm` example. A
+mixture of experts (mixtral, qwen2_moe, qwen3_moe, olmoe, llama4_text, ...) takes `experts`
+and `experts_per_token` too; its training loss includes its router's load-balancing loss
+where the model defines one. `model_name` starts from a pretrained model
 instead: its weights and its tokenizer must already be in the local Hugging Face cache (run
 `hf download NAME` once where there is network access), or `model_name` is a local
 directory written by `save_pretrained`. Nothing is downloaded at run time.
@@ -22,7 +23,7 @@ small text file or folder of text files, or `hf:NAME[:COLUMN]` for a Hugging Fac
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -43,7 +44,8 @@ Batch = dict[str, torch.Tensor]
 
 # Options that shape a model built from a config; a pretrained model brings its own.
 ARCHITECTURE_OPTIONS = ("architecture", "dim", "layers", "heads", "kv_heads", "mlp_dim",
-                        "dropout", "tie_embeddings", "experts", "experts_per_token")  # fmt: skip
+                        "dropout", "tie_embeddings", "experts", "experts_per_token",
+                        "config_fields")  # fmt: skip
 
 
 @dataclass
@@ -62,6 +64,9 @@ class HFCausalLMTask:
     tie_embeddings: bool | None = None  # None: the architecture's default
     experts: int = 0  # a mixture of experts' experts per layer (0: the architecture's)
     experts_per_token: int = 0  # 0: the architecture's
+    # Fields of the architecture's transformers config, set over the sizes above (a table:
+    # Llama 4's interleave_moe_layer_step, a sliding_window).
+    config_fields: dict[str, Any] = field(default_factory=dict)
     max_bytes: int = 1_000_000
     eval_fraction: float = 0.05
 
@@ -71,7 +76,7 @@ class HFCausalLMTask:
             self.config = pretrained_config(self.model_name)
             self.tokenizer = pretrained_tokenizer(self.model_name)
         else:
-            self.config = decoder_config(self.architecture, self.sizes)
+            self.config = decoder_config(self.architecture, self.sizes, self.config_fields)
         positions = getattr(self.config, "max_position_embeddings", None)
         if positions is not None and self.seq_len > positions:
             raise HFConfigError(

@@ -159,3 +159,8 @@ def host_learning_rate(optimizer: torch.optim.Optimizer) -> str | None:
     a tensor learning rate under torch.compile, so none needs a host number.
     """
     return None
+
+
+def lower_host_ops() -> None:
+    """Nothing to lower: the step is compiled by `torch.compile`, whose backend takes every
+    op (on the CPU stand-in PyTorch's own kernels run them)."""
