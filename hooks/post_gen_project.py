@@ -38,6 +38,7 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
         "tests/hf_helpers.py",
         "configs/hf-causal-lm.toml",
         "benchmarks/load_bench.py",
+        "benchmarks/generate_bench.py",
         "docs/hugging-face.md",
         "docs/evaluation.md",
     ),

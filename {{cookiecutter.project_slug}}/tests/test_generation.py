@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from backend_facts import MANY_DEVICES, SHARDED, one_graph_per_step_kind
+from backend_facts import MANY_DEVICES, SHARDED
 from training_helpers import cli
 
 pytestmark = pytest.mark.hf
@@ -163,7 +163,6 @@ def test_greedy_tokens_on_every_device_of_the_mesh_are_transformers_own(
     assert ran["live"][0] == transformers_generate(architecture, prompt_ids(TEXTS))
 
 
-@one_graph_per_step_kind
 def test_a_prefill_per_bucket_and_one_decode_step_compile_and_nothing_after(
     python_subprocess: Any, tmp_path: Path
 ) -> None:
