@@ -412,14 +412,19 @@ class Engine:
         return Completion(len(prompt), kept, text, reason)
 
     def _exchange(self, mine: dict[int, Completion]) -> dict[int, Completion]:
-        if self.replicas == 1:
-            return mine
-        from ..core import host_exchange, runtime
+        return gather_rows(mine, self.replicas)
 
-        merged: dict[int, Completion] = {}
-        for part in host_exchange.all_gather_objects(mine, runtime.host_group()):
-            merged.update(part)
-        return merged
+
+def gather_rows(mine: dict[int, Any], replicas: int) -> dict[int, Any]:
+    """Every replica's results by their index in the request, from this replica's."""
+    if replicas == 1:
+        return mine
+    from ..core import host_exchange, runtime
+
+    merged: dict[int, Any] = {}
+    for part in host_exchange.all_gather_objects(mine, runtime.host_group()):
+        merged.update(part)
+    return merged
 
 
 def cache_bytes_per_device(

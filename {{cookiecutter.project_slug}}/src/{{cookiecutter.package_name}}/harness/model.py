@@ -29,7 +29,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from .. import hf
 from ..core import ReplayedStep, Strategy, ops
-from ..generation.engine import Engine, GenerationError, Shape
+from ..generation.engine import Engine, GenerationError, Shape, gather_rows
 from ..hf.moe import drop_router_numbers
 
 NAME = "{{ cookiecutter.project_slug }}"  # lm-eval's name for this model
@@ -187,7 +187,7 @@ class ProjectLM(TemplateLM):
                     float(chosen[row, span].double().sum()),
                     bool(greedy[row, span].all()),
                 )
-        merged = self._exchange(mine)
+        merged = gather_rows(mine, self.replicas)
         return [merged[index] for index in range(len(rows))]
 
     def _engine(self, max_gen_toks: int, until: tuple[str, ...]) -> Engine:
@@ -201,13 +201,3 @@ class ProjectLM(TemplateLM):
             engine = Engine(self.model, self.tokenizer, self.strategy, shape, None, stop_ids, until)
             self.engines[max_gen_toks] = engine
         return engine
-
-    def _exchange(self, mine: dict[int, Any]) -> dict[int, Any]:
-        if self.replicas == 1:
-            return mine
-        from ..core import host_exchange, runtime
-
-        merged: dict[int, Any] = {}
-        for part in host_exchange.all_gather_objects(mine, runtime.host_group()):
-            merged.update(part)
-        return merged
