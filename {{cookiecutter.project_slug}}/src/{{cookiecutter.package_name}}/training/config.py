@@ -82,6 +82,10 @@ class TrainConfig:
     task_options: dict[str, Any] = field(default_factory=dict)
     lora: dict[str, Any] = field(default_factory=dict)  # empty: full training (see lora.py)
     moe: dict[str, Any] = field(default_factory=dict)  # mixtures of experts (see hf/moe.py)
+    # What the task's model trains for: its own loss ("causal-lm"), or "dpo" on the [dpo]
+    # table's preference pairs (see alignment/dpo.py).
+    objective: str = "causal-lm"
+    dpo: dict[str, Any] = field(default_factory=dict)
     # [[pattern, [axis or null per dimension]], ...]: parameter layouts over the mesh
     sharding_rules: list[Any] = field(default_factory=list)
 
@@ -92,6 +96,22 @@ class TrainConfig:
             for f in dataclasses.fields(self)
             if f.default is not dataclasses.MISSING and getattr(self, f.name) != f.default
         }
+
+    def _check_objective(self) -> None:
+        if self.objective == "causal-lm":
+            if self.dpo:
+                raise ConfigError('a [dpo] table trains by DPO: set objective = "dpo"')
+            return
+        if self.objective != "dpo":
+            raise ConfigError(f"unknown objective {self.objective!r}: use causal-lm or dpo")
+        if importlib.util.find_spec(f"{__package__.split('.')[0]}.alignment") is None:
+            raise ConfigError("objective dpo tunes a language model: a text task's project has it")
+        from ..alignment.dpo import DpoError, DpoSettings
+
+        try:
+            DpoSettings.from_dict(self.dpo)
+        except DpoError as error:
+            raise ConfigError(str(error)) from None
 
     def _check_eval_tasks(self) -> None:
         if not all(isinstance(name, str) and name for name in self.eval_tasks):
@@ -173,6 +193,7 @@ class TrainConfig:
         check_loggers(self.loggers, self.wandb)
         if self.eval_tasks:
             self._check_eval_tasks()
+        self._check_objective()
         if self.resume.lower() in ("true", "1", "yes"):
             self.resume = "latest"  # a bare --resume, or resume = true in a file
         if "://" in self.run_dir:

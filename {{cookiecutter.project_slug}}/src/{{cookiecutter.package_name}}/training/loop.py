@@ -30,6 +30,32 @@ def due(every: int, step: int) -> bool:
     return bool(every) and step % every == 0
 
 
+def objective_of(cfg: TrainConfig, task: Task) -> Task:
+    """The task, or its model under another objective (`objective = "dpo"`)."""
+    if cfg.objective == "causal-lm":
+        return task
+    from ..alignment.objective import of_run
+
+    return of_run(cfg, task)  # type: ignore[no-any-return]
+
+
+def lay_out_reference(
+    task: Task, cfg: TrainConfig, model: nn.Module, strategy: Any, blocks: Any, rules: Any
+) -> None:
+    """For DPO without LoRA: the policy's frozen copy, built and laid out as it is."""
+    from ..hf.lora import is_lora
+
+    wants = getattr(task, "wants_copy", None)
+    if wants is None or not wants(is_lora(model)):
+        return
+    built = build(task, cfg)
+    reference, _ = strategy.setup_model(built.model, blocks, False, rules, built.source)
+    reference.eval()
+    for param in reference.parameters():
+        param.requires_grad_(False)
+    task.reference = reference  # type: ignore[attr-defined]
+
+
 def run_benchmarks(cfg: TrainConfig, task: Task, model: nn.Module, strategy: Any, read: Any) -> Any:
     """The run's lm-eval tasks (`eval_tasks`), or None without them."""
     if not cfg.eval_tasks:
@@ -51,7 +77,7 @@ def fit(
     precision = Precision.from_name(cfg.precision)
     # Where the time goes, in Google's goodput categories: from here, data loading.
     clock = Timeline.of_run(cfg, default_directory(cfg.run_dir, cfg.checkpoint_dir))
-    task = task or load_task(cfg.task, cfg.data, cfg.task_options)
+    task = objective_of(cfg, task or load_task(cfg.task, cfg.data, cfg.task_options))
 
     # ---- set-up --------------------------------------------------------------------
     clock.phase("tpu_init")
@@ -73,6 +99,7 @@ def fit(
     source = built.source if resume_from is None else read_over(built)
     # Laid out, then given its values where it is placed (only this host's shards).
     model, ties = strategy.setup_model(model, blocks, checkpointed, rules, source)
+    lay_out_reference(task, cfg, model, strategy, blocks, rules)  # DPO's frozen copy
     optimizer = build_optimizer(model, cfg, task)  # after the move: it holds device tensors
     ops.prime_optimizer_state(optimizer)
     strategy.place_optimizer_state(optimizer)
