@@ -211,6 +211,8 @@ HF = [
     "tests/test_pretrained_run.py",
     "tests/test_generation.py",
     "tests/test_benchmarks.py",
+    "tests/test_dpo.py",
+    "src/tpu_project/alignment",
     "tests/hf_helpers.py",
     "configs/hf-causal-lm.toml",
     "benchmarks/load_bench.py",

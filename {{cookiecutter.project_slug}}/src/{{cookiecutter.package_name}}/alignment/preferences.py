@@ -156,18 +156,62 @@ class Pairs(Dataset[dict[str, torch.Tensor]]):
 
 
 def read_pairs(location: str) -> list[dict[str, Any]]:
-    """The examples of a JSON lines, JSON or Parquet file (local or gs://), each a dict."""
-    import datasets
+    """The examples of a JSON lines, JSON or Parquet file (local or any fsspec URL, gs://),
+    each a dict; bad input is named by its line."""
+    import fsspec
 
-    kind = "parquet" if location.endswith(".parquet") else "json"
     try:
-        loaded = datasets.load_dataset(kind, data_files=location, split="train")
-    except (FileNotFoundError, ValueError, OSError) as error:
+        with fsspec.open(location, "rb") as handle:
+            raw = handle.read()
+    except (FileNotFoundError, OSError, ValueError) as error:
         raise PreferenceError(f"cannot read preference pairs from {location!r}: {error}") from None
-    missing = [column for column in ("chosen", "rejected") if column not in loaded.column_names]
-    if missing:
-        raise PreferenceError(
-            f"{location}: the preference data has no {missing[0]!r} column (it has "
-            f"{', '.join(loaded.column_names)}): give prompt, chosen and rejected"
-        )
-    return [dict(row) for row in loaded]
+    if location.endswith(".parquet"):
+        import io
+
+        import pyarrow.parquet as pq
+
+        try:
+            examples = pq.read_table(io.BytesIO(raw)).to_pylist()
+        except Exception as error:  # noqa: BLE001 - pyarrow raises its own kinds
+            raise PreferenceError(f"{location}: not a Parquet file: {error}") from None
+    else:
+        examples = _json_examples(location, raw.decode("utf-8", errors="replace"))
+    if not examples:
+        raise PreferenceError(f"{location}: holds no preference pairs")
+    for column in ("chosen", "rejected"):
+        lacking = next((n for n, example in enumerate(examples, 1) if column not in example), 0)
+        if lacking:
+            raise PreferenceError(
+                f"{location}: the preference data has no {column!r} column (example {lacking} "
+                f"has {', '.join(sorted(examples[lacking - 1])) or 'nothing'}): give prompt, "
+                "chosen and rejected"
+            )
+    return examples
+
+
+def _json_examples(location: str, text: str) -> list[dict[str, Any]]:
+    """A JSON array of objects, or one object per line."""
+    import json
+
+    if text.lstrip().startswith("["):
+        try:
+            loaded = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise PreferenceError(f"cannot read preference pairs from {location!r}: {error}") from None
+        rows = list(enumerate(loaded, 1))
+    else:
+        rows = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((number, json.loads(line)))
+            except json.JSONDecodeError as error:
+                raise PreferenceError(
+                    f"cannot read preference pairs from {location!r}: line {number} is not "
+                    f"JSON ({error.msg})"
+                ) from None
+    for number, row in rows:
+        if not isinstance(row, dict):
+            raise PreferenceError(f"{location}: example {number} is not an object")
+    return [row for _, row in rows]

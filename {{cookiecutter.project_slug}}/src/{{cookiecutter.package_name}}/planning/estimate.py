@@ -102,6 +102,7 @@ class Estimate:
     # Evaluation's forward pass, without gradients: what lives outside the blocks and one
     # block at a time, at the eval batch (it runs after a step, when no activation is kept).
     eval_activations: int = 0
+    reference: int = 0  # DPO without LoRA: the policy's frozen copy, laid out as it is
 
     def peak_activations(self, checkpointed: bool) -> int:
         """The larger of a training step's activations and an evaluation's."""
@@ -109,7 +110,7 @@ class Estimate:
         return max(training, self.eval_activations)
 
     def total(self, checkpointed: bool) -> int:
-        state = self.parameters + self.gradients + self.optimizer + self.gathered
+        state = self.parameters + self.gradients + self.optimizer + self.gathered + self.reference
         return state + self.peak_activations(checkpointed)
 
 
@@ -215,6 +216,7 @@ class Planner:
             else at(first.kept, second.kept),
             eval_samples_per_shard=eval_samples,
             eval_activations=self._eval_activations(specs, eval_samples, tensor, held, context),
+            reference=sum(weights) if self.workload.reference_copy else 0,
         )
 
     def _eval_activations(

@@ -164,6 +164,7 @@ def per_device(estimate: Estimate) -> dict[str, int]:
         "gradient_bytes": estimate.gradients,
         "optimizer_bytes": estimate.optimizer,
         "gathered_bytes": estimate.gathered,
+        "reference_bytes": estimate.reference,
         "activation_bytes": estimate.activations,
         "activation_bytes_checkpointed": estimate.activations_checkpointed,
         "eval_activation_bytes": estimate.eval_activations,
@@ -205,6 +206,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
         ("activations (model)", estimate.activations, estimate.activations_checkpointed),
         ("evaluation forward", estimate.eval_activations, estimate.eval_activations),
     ]
+    if estimate.reference:
+        rows.insert(4, ("dpo frozen reference", estimate.reference, estimate.reference))
     for name, plain, checkpointed in rows:
         table.add_row(name, human(plain), human(checkpointed))
     table.add_section()

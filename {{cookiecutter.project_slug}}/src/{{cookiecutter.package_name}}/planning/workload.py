@@ -33,6 +33,7 @@ from ..training.model import (
     build_model,
     describe_parameters,
     mesh_rules,
+    objective_of,
     parameter_counts,
     unscanned,
 )
@@ -117,6 +118,12 @@ class Workload:
         # model is initialized where it lives, in its own dtype).
         self.checkpoint_itemsize = _checkpoint_itemsize(task)
         self.converted = _converted(self.model, index) if self.hugging_face else set()
+        # DPO without LoRA holds a frozen copy of the model beside it; its forward, without
+        # gradients, keeps nothing for the backward pass: the model itself stands in for it.
+        wants_copy = getattr(task, "wants_copy", None)
+        self.reference_copy = bool(wants_copy and wants_copy(_is_lora(self.model)))
+        if self.reference_copy:
+            task.reference = self.model  # type: ignore[attr-defined]
 
     def rules_layout(self, mesh: Mapping[str, int]) -> list[Spec]:
         """Every parameter's layout on `mesh`, by the rules a run would use (errors name the
@@ -166,6 +173,14 @@ class Workload:
         return describe_parameters(self.counts())
 
 
+def _is_lora(model: nn.Module) -> bool:
+    try:
+        from ..hf.lora import is_lora
+    except ImportError:  # a project without transformers trains no adapters
+        return False
+    return bool(is_lora(model))
+
+
 def _checkpoint_itemsize(task: Task) -> int | None:
     """A pretrained decoder's (an `--hf-config` or `--architecture` plan, a task's `model_name`)
     weights' bytes per element: its config's `dtype`, else bf16's. None for a model a run
@@ -198,7 +213,7 @@ def from_task(config: TrainConfig) -> Workload:
     """The project's task as `train` would build it (its data read for one sample's shape;
     an `hf:` dataset is not fetched: the example tasks' models do not depend on it)."""
     data = "" if config.data.startswith("hf:") else config.data
-    task = load_task(config.task, data, config.task_options)
+    task = objective_of(config, load_task(config.task, data, config.task_options))
     dataset: Any = task.train_dataset()
     sample = dataset[0] if hasattr(dataset, "__getitem__") else next(iter(dataset))
     return Workload(task, _plannable(config), sample)

@@ -105,7 +105,10 @@ class TrainConfig:
         if self.objective != "dpo":
             raise ConfigError(f"unknown objective {self.objective!r}: use causal-lm or dpo")
         if importlib.util.find_spec(f"{__package__.split('.')[0]}.alignment") is None:
-            raise ConfigError("objective dpo tunes a language model: a text task's project has it")
+            raise ConfigError(
+                "objective dpo tunes a pretrained Hugging Face decoder through its tokenizer: "
+                "this project's task has neither"
+            )
         from ..alignment.dpo import DpoError, DpoSettings
 
         try:

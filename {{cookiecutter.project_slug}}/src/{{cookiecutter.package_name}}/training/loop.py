@@ -17,7 +17,14 @@ from .config import ConfigError, TrainConfig
 from .data import training_data
 from .diagnostics import Diagnostics
 from .evaluation import Evaluator
-from .model import build, describe_parameters, parameter_counts, read_over, sharding_rules
+from .model import (
+    build,
+    describe_parameters,
+    objective_of,
+    parameter_counts,
+    read_over,
+    sharding_rules,
+)
 from .optim import build_optimizer, build_scheduler
 from .reporting import Reporter, steps_line
 from .state import Progress
@@ -28,15 +35,6 @@ from .watch import Preemption, RunWatch, host_peak_bytes
 
 def due(every: int, step: int) -> bool:
     return bool(every) and step % every == 0
-
-
-def objective_of(cfg: TrainConfig, task: Task) -> Task:
-    """The task, or its model under another objective (`objective = "dpo"`)."""
-    if cfg.objective == "causal-lm":
-        return task
-    from ..alignment.objective import of_run
-
-    return of_run(cfg, task)  # type: ignore[no-any-return]
 
 
 def lay_out_reference(
@@ -138,6 +136,11 @@ def fit(
         Peak.of_job(plan.accelerator),
     )
     state_bytes = memory.state_memory(model, optimizer)
+    reference = getattr(task, "reference", None)  # DPO's frozen copy, when it has one
+    if getattr(task, "wants_copy", None) is not None:
+        held = memory.state_memory(reference, None) if reference is not None else {}
+        state_bytes["reference_bytes_per_device"] = held.get("param_bytes_per_device", 0)
+        state_bytes["reference_bytes_total"] = held.get("param_bytes_total", 0)
     reporter.line(
         f"{strategy.describe()}; global batch {global_batch} "
         f"({cfg.batch_size} per device of the data axes), eval batch {evaluate.global_batch}, "

@@ -36,6 +36,15 @@ class Built:
     note: str = ""
 
 
+def objective_of(cfg: TrainConfig, task: Task) -> Task:
+    """The task, or its model under another objective (`objective = "dpo"`)."""
+    if cfg.objective == "causal-lm":
+        return task
+    from ..alignment.objective import of_run
+
+    return of_run(cfg, task)  # type: ignore[no-any-return]
+
+
 def build(task: Task, config: TrainConfig, model: nn.Module | None = None) -> Built:
     """The task's model as this config trains it, built without memory where it can be.
 
