@@ -43,6 +43,7 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
         "benchmarks/generate_bench.py",
         "docs/hugging-face.md",
         "docs/evaluation.md",
+        "docs/alignment.md",
     ),
 }
 # The corpus helpers and the data package (`prepare`, prepared datasets) serve the text tasks,

@@ -219,6 +219,7 @@ HF = [
     "benchmarks/generate_bench.py",
     "docs/hugging-face.md",
     "docs/evaluation.md",
+    "docs/alignment.md",
 ]
 CORPUS = [
     "src/tpu_project/tasks/_corpus.py",

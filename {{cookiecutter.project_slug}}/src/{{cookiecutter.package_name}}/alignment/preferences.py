@@ -197,7 +197,9 @@ def _json_examples(location: str, text: str) -> list[dict[str, Any]]:
         try:
             loaded = json.loads(text)
         except json.JSONDecodeError as error:
-            raise PreferenceError(f"cannot read preference pairs from {location!r}: {error}") from None
+            raise PreferenceError(
+                f"cannot read preference pairs from {location!r}: {error}"
+            ) from None
         rows = list(enumerate(loaded, 1))
     else:
         rows = []
