@@ -55,16 +55,21 @@ class ConfigChecks(ClaimCheck):
         for key in sorted(set(fragment) - set(self.project.config_keys)):
             self.fail("config", key, "not a config key")
         known = {key: value for key, value in fragment.items() if key in self.project.config_keys}
+        self.page_config = known
         self.settle(None, known, "toml block")
 
     def inline_fragment(self, text: str) -> None:
-        """Inline `key = value` (TOML) whose key is a config key: a fragment of the config."""
+        """Inline `key = value` (TOML) whose key is a config key: a fragment of the config,
+        taken alone or in the page's last config block (`objective = "dpo"` needs its table)."""
         try:
             fragment = tomllib.loads(text)
         except tomllib.TOMLDecodeError:
             return
         if fragment and set(fragment) <= set(self.project.config_keys):
             self.count("keys", count_keys(fragment))
+            context = getattr(self, "page_config", {})
+            if context and self.project.refuses_config(None, fragment)[0]:
+                fragment = {**context, **fragment}
             self.settle(None, fragment, text)
 
     def settle(self, path: Path | None, overrides: dict[str, Any], item: str) -> None:
