@@ -71,9 +71,10 @@ def ours(
     run_dir = setup["base"] / name
     layout = ["--devices", str(devices), "--strategy", SHARDED] if devices > 1 else []
     done = cli(
-        "train", *options(setup, loss_type, lora), "--max-steps", str(STEPS), "--lr", str(RATES.get(loss_type, 0.05)),
-        "--batch-size", str(PAIRS // devices), "--log-every", "1", "--eval-every", "0",
-        "--run-dir", str(run_dir), "--accelerator", "cpu", *layout,
+        "train", *options(setup, loss_type, lora), "--max-steps", str(STEPS),
+        "--lr", str(RATES.get(loss_type, 0.05)), "--batch-size", str(PAIRS // devices),
+        "--log-every", "1", "--eval-every", "0", "--run-dir", str(run_dir),
+        "--accelerator", "cpu", *layout,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -130,9 +131,10 @@ def trl_train(request: dict[str, Any]) -> None:
         loss_type=[request["loss_type"]],
         label_smoothing=0.1 if request["loss_type"] == "robust" else 0.0,
         max_length=MAX_LENGTH, per_device_train_batch_size=PAIRS, max_steps=STEPS,
-        learning_rate=RATES.get(request["loss_type"], 0.05), optim="sgd", lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=0.0, max_grad_norm=0.0, logging_steps=1, report_to=[], save_strategy="no",
-        use_cpu=True, seed=0, disable_tqdm=True, bf16=False,  # TRL defaults to bf16
+        learning_rate=RATES.get(request["loss_type"], 0.05), optim="sgd",
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=0.0,
+        logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0,
+        disable_tqdm=True, bf16=False,  # TRL defaults to bf16
     )  # fmt: skip
     pairs = datasets.load_dataset("json", data_files=request["pairs"], split="train")
     trainer = DPOTrainer(
@@ -185,12 +187,14 @@ def test_dpo_on_the_mesh_gives_the_one_device_steps(setup: dict[str, Path], lora
     for a, b in zip(single, mesh, strict=True):
         for name in METRICS:
             assert a[name] == pytest.approx(b[name], rel=1e-5, abs=1e-5), name
-
-
 {%- if cookiecutter.backend == "torch_tpu" %}
+
+
 # A v5e slice of 4 devices, as 4 CPU processes.
 SLICE, SLICE_DEVICES = "v5e-4", 4
 {%- else %}
+
+
 # The project's slice of 8 devices, on 8 XLA:CPU devices.
 SLICE, SLICE_DEVICES = "v5e-8", 8
 {%- endif %}
@@ -215,9 +219,7 @@ def planned_and_measured(
     return planned, measured
 
 
-def assert_one_copy_under_lora(
-    setup: dict[str, Path], devices: int, accelerator: str
-) -> None:
+def assert_one_copy_under_lora(setup: dict[str, Path], devices: int, accelerator: str) -> None:
     full = planned_and_measured(setup, f"held-full-{devices}", False, devices, accelerator)
     lora = planned_and_measured(setup, f"held-lora-{devices}", True, devices, accelerator)
     for planned, measured in (full, lora):

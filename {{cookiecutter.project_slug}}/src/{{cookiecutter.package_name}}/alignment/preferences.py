@@ -172,7 +172,7 @@ def read_pairs(location: str) -> list[dict[str, Any]]:
 
         try:
             examples = pq.read_table(io.BytesIO(raw)).to_pylist()
-        except Exception as error:  # noqa: BLE001 - pyarrow raises its own kinds
+        except Exception as error:  # pyarrow raises its own kinds
             raise PreferenceError(f"{location}: not a Parquet file: {error}") from None
     else:
         examples = _json_examples(location, raw.decode("utf-8", errors="replace"))
