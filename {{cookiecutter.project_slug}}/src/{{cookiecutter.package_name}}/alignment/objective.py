@@ -1,4 +1,5 @@
-"""What a run trains its task's model for: the task's own loss, or `objective = "dpo"`.
+"""What a run trains its task's model for: the task's own loss, `objective = "dpo"`, or
+`objective = "grpo"` (`rollouts.py`).
 
 A DPO run keeps the task's model (and its pretrained weights, LoRA, layout) and replaces its
 data and loss: the `[dpo]` table's preference pairs, and TRL's preference losses (`dpo.py`).
@@ -22,13 +23,18 @@ from .dpo import (
 )
 from .preferences import Pairs, read_pairs
 
-OBJECTIVES = ("causal-lm", "dpo")
+OBJECTIVES = ("causal-lm", "dpo", "grpo")
 
 
 def of_run(config: Any, task: Any) -> Any:
-    """The task a run trains: `task` itself, or its model under DPO."""
+    """The task a run trains: `task` itself, or its model under DPO or GRPO."""
     if config.objective == "causal-lm":
         return task
+    if config.objective == "grpo":
+        from .grpo import GrpoSettings
+        from .rollouts import GrpoObjective
+
+        return GrpoObjective(task, GrpoSettings.from_dict(config.grpo), config.seed)
     return DpoObjective(task, DpoSettings.from_dict(config.dpo))
 
 

@@ -156,28 +156,8 @@ class Pairs(Dataset[dict[str, torch.Tensor]]):
 
 
 def read_pairs(location: str) -> list[dict[str, Any]]:
-    """The examples of a JSON lines, JSON or Parquet file (local or any fsspec URL, gs://),
-    each a dict; bad input is named by its line."""
-    import fsspec
-
-    try:
-        with fsspec.open(location, "rb") as handle:
-            raw = handle.read()
-    except (FileNotFoundError, OSError, ValueError) as error:
-        raise PreferenceError(f"cannot read preference pairs from {location!r}: {error}") from None
-    if location.endswith(".parquet"):
-        import io
-
-        import pyarrow.parquet as pq
-
-        try:
-            examples = pq.read_table(io.BytesIO(raw)).to_pylist()
-        except Exception as error:  # pyarrow raises its own kinds
-            raise PreferenceError(f"{location}: not a Parquet file: {error}") from None
-    else:
-        examples = _json_examples(location, raw.decode("utf-8", errors="replace"))
-    if not examples:
-        raise PreferenceError(f"{location}: holds no preference pairs")
+    """The preference pairs of a JSON lines, JSON or Parquet file (`read_rows`)."""
+    examples = read_rows(location, "preference pairs")
     for column in ("chosen", "rejected"):
         lacking = next((n for n, example in enumerate(examples, 1) if column not in example), 0)
         if lacking:
@@ -189,7 +169,33 @@ def read_pairs(location: str) -> list[dict[str, Any]]:
     return examples
 
 
-def _json_examples(location: str, text: str) -> list[dict[str, Any]]:
+def read_rows(location: str, what: str) -> list[dict[str, Any]]:
+    """The rows of a JSON lines, JSON or Parquet file (local or any fsspec URL, gs://), each a
+    dict; bad input is named by its line, `what` names the data in the message."""
+    import fsspec
+
+    try:
+        with fsspec.open(location, "rb") as handle:
+            raw = handle.read()
+    except (FileNotFoundError, OSError, ValueError) as error:
+        raise PreferenceError(f"cannot read {what} from {location!r}: {error}") from None
+    if location.endswith(".parquet"):
+        import io
+
+        import pyarrow.parquet as pq
+
+        try:
+            examples = pq.read_table(io.BytesIO(raw)).to_pylist()
+        except Exception as error:  # pyarrow raises its own kinds
+            raise PreferenceError(f"{location}: not a Parquet file: {error}") from None
+    else:
+        examples = _json_examples(location, raw.decode("utf-8", errors="replace"), what)
+    if not examples:
+        raise PreferenceError(f"{location}: holds no {what}")
+    return examples
+
+
+def _json_examples(location: str, text: str, what: str) -> list[dict[str, Any]]:
     """A JSON array of objects, or one object per line."""
     import json
 
@@ -197,9 +203,7 @@ def _json_examples(location: str, text: str) -> list[dict[str, Any]]:
         try:
             loaded = json.loads(text)
         except json.JSONDecodeError as error:
-            raise PreferenceError(
-                f"cannot read preference pairs from {location!r}: {error}"
-            ) from None
+            raise PreferenceError(f"cannot read {what} from {location!r}: {error}") from None
         rows = list(enumerate(loaded, 1))
     else:
         rows = []
@@ -210,8 +214,8 @@ def _json_examples(location: str, text: str) -> list[dict[str, Any]]:
                 rows.append((number, json.loads(line)))
             except json.JSONDecodeError as error:
                 raise PreferenceError(
-                    f"cannot read preference pairs from {location!r}: line {number} is not "
-                    f"JSON ({error.msg})"
+                    f"cannot read {what} from {location!r}: line {number} is not JSON "
+                    f"({error.msg})"
                 ) from None
     for number, row in rows:
         if not isinstance(row, dict):

@@ -175,6 +175,7 @@ class Engine:
         }
         self.decode = ReplayedStep(self._decode, state, self.host_read)
         self.timing = Timing()
+        self.first_number = 0
         self.warmed = False
 
     # ---- set-up ---------------------------------------------------------------------
@@ -312,11 +313,16 @@ class Engine:
                 self._run_batch(empty, 2)
         self.warmed = True
 
-    def generate(self, prompts: Sequence[Sequence[int]]) -> list[Completion]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], first_number: int = 0
+    ) -> list[Completion]:
         """Every prompt's completion, in order: `slots` prompts a batch (every process gets
-        the whole list; each runs its rows of each batch and the results are exchanged)."""
+        the whole list; each runs its rows of each batch and the results are exchanged).
+        Prompt `i` samples with the noise of number `first_number + i` (a run that samples
+        again and again numbers its calls apart: the same prompt then draws other tokens)."""
         self.warm_up()
         self.timing = Timing()
+        self.first_number = first_number
         for index, prompt in enumerate(prompts):
             if not prompt:
                 raise GenerationError(f"prompt {index} is empty: give it at least one token")
@@ -347,10 +353,12 @@ class Engine:
         for row, prompt in enumerate(batch.prompts):  # left-padded: every row ends at `bucket`
             ids[row, batch.bucket - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             mask[row, batch.bucket - len(prompt) :] = 1
+        first = self.first_number
+        numbers = [number + first if number >= 0 else -1 for number in batch.numbers]
         inputs = {
             "ids": self.strategy.place_rows(ids),
             "mask": self.strategy.place_rows(mask),
-            "number": self.strategy.place_rows(torch.tensor(batch.numbers, dtype=torch.long)),
+            "number": self.strategy.place_rows(torch.tensor(numbers, dtype=torch.long)),
         }
         started = time.perf_counter()
         self.prefills[batch.bucket](inputs)

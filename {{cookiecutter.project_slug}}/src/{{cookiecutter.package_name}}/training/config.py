@@ -82,10 +82,12 @@ class TrainConfig:
     task_options: dict[str, Any] = field(default_factory=dict)
     lora: dict[str, Any] = field(default_factory=dict)  # empty: full training (see lora.py)
     moe: dict[str, Any] = field(default_factory=dict)  # mixtures of experts (see hf/moe.py)
-    # What the task's model trains for: its own loss ("causal-lm"), or "dpo" on the [dpo]
-    # table's preference pairs (see alignment/dpo.py).
+    # What the task's model trains for: its own loss ("causal-lm"), "dpo" on the [dpo]
+    # table's preference pairs (alignment/dpo.py), or "grpo" on rollouts of the [grpo]
+    # table's prompts scored by its reward functions (alignment/grpo.py).
     objective: str = "causal-lm"
     dpo: dict[str, Any] = field(default_factory=dict)
+    grpo: dict[str, Any] = field(default_factory=dict)
     # [[pattern, [axis or null per dimension]], ...]: parameter layouts over the mesh
     sharding_rules: list[Any] = field(default_factory=list)
 
@@ -98,22 +100,30 @@ class TrainConfig:
         }
 
     def _check_objective(self) -> None:
+        tables = {"dpo": self.dpo, "grpo": self.grpo}
+        for name, table in tables.items():
+            if table and self.objective != name:
+                raise ConfigError(f'a [{name}] table trains by {name.upper()}: set objective = "{name}"')
         if self.objective == "causal-lm":
-            if self.dpo:
-                raise ConfigError('a [dpo] table trains by DPO: set objective = "dpo"')
             return
-        if self.objective != "dpo":
-            raise ConfigError(f"unknown objective {self.objective!r}: use causal-lm or dpo")
+        if self.objective not in tables:
+            raise ConfigError(
+                f"unknown objective {self.objective!r}: use causal-lm, dpo or grpo"
+            )
         if importlib.util.find_spec(f"{__package__.split('.')[0]}.alignment") is None:
             raise ConfigError(
-                "objective dpo tunes a pretrained Hugging Face decoder through its tokenizer: "
-                "this project's task has neither"
+                f"objective {self.objective} tunes a pretrained Hugging Face decoder through "
+                "its tokenizer: this project's task has neither"
             )
         from ..alignment.dpo import DpoError, DpoSettings
+        from ..alignment.grpo import GrpoError, GrpoSettings
 
         try:
-            DpoSettings.from_dict(self.dpo)
-        except DpoError as error:
+            if self.objective == "dpo":
+                DpoSettings.from_dict(self.dpo)
+            else:
+                GrpoSettings.from_dict(self.grpo)
+        except (DpoError, GrpoError) as error:
             raise ConfigError(str(error)) from None
 
     def _check_eval_tasks(self) -> None:

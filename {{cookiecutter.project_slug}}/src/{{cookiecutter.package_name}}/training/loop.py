@@ -119,15 +119,21 @@ def fit(
     ops.sync()
 
     master = strategy.is_master()
-    evaluate = Evaluator(task, strategy, precision, cfg, watch.host_read)
+    replicas = strategy.data_layout()[0]
+    global_batch = cfg.batch_size * strategy.local_batch_shards() * replicas
+    # GRPO's steps train on rollouts the model generates (alignment/rollouts.py).
+    rollouts = getattr(task, "rollouts", None)
+    evaluate: Any = (
+        task.evaluator(model, strategy, global_batch, watch.host_read)
+        if rollouts is not None
+        else Evaluator(task, strategy, precision, cfg, watch.host_read)
+    )
     benchmarks = run_benchmarks(cfg, task, model, strategy, watch.host_read)  # eval_tasks
     reporter = Reporter.of_run(cfg, directory, total, master)  # TensorBoard, W&B: `loggers`
     diagnostics = Diagnostics(
         Path(cfg.run_dir), cfg.profile_steps, cfg.profile_port, cfg.metrics_report, master
     )
     step = TrainStep(task, model, optimizer, scheduler, strategy, precision, cfg, watch.host_read)
-    replicas = strategy.data_layout()[0]
-    global_batch = cfg.batch_size * strategy.local_batch_shards() * replicas
     flops = count_flops(task, train_feeder.sample)  # of one process's batch
     meter = Meter(
         global_batch * cfg.grad_accum,
@@ -164,13 +170,15 @@ def fit(
     diverged: list[int] = []  # steps whose logged loss was NaN or infinite
     logged: dict[str, float] = {}  # the last logged values of the step's metrics
 
-    def log_loss(at: int, loss: torch.Tensor, lr: float, metrics: dict[str, Any]) -> None:
+    def log_loss(
+        at: int, loss: torch.Tensor, lr: float, metrics: dict[str, Any], host: dict[str, float]
+    ) -> None:
         with watch.host_read():  # the loss and the step's metrics: one transfer
             value, *values = ops.to_host([loss, *metrics.values()])
         if not math.isfinite(value):
             diverged.append(at)
         progress.losses.append((at, value))
-        named = dict(zip(metrics, values, strict=True))
+        named = {**dict(zip(metrics, values, strict=True)), **host}
         logged.update(named)
         reporter.scalars(at, {"loss": value, **named, "lr": lr, **meter.tick(at)}, "train")
 
@@ -186,7 +194,12 @@ def fit(
             micro: list[Any] = []  # the step's micro-batches so far
             stepped = progress.step
             skip = progress.batches_done * cfg.grad_accum  # started there, not read again
-            batches = train_feeder.epoch(progress.epoch, skip, saver.restored_stream)
+            if rollouts is not None:
+                batches = rollouts(
+                    model, strategy, global_batch, progress.epoch, skip, watch.host_read
+                )
+            else:
+                batches = train_feeder.epoch(progress.epoch, skip, saver.restored_stream)
             saver.restored_stream = ""  # the next epoch starts the stream afresh
             for batch in batches:
                 micro.append(batch)
@@ -199,7 +212,8 @@ def fit(
                 at = progress.step
                 if cfg.log_every and (due(cfg.log_every, at) or at == total):
                     lr = scheduler.get_last_lr()[0]
-                    ops.add_step_closure(log_loss, (at, loss, lr, step.metrics))  # after it
+                    host = dict(getattr(task, "host_metrics", None) or {})  # a rollout's
+                    ops.add_step_closure(log_loss, (at, loss, lr, step.metrics, host))
                     watch.check(at)  # fail fast, on the logging cadence
                 ops.sync()  # one graph per optimizer step, however many micro-batches
                 if at == watch.start_step + 1:  # compiled and ran: report, then time the rest
@@ -304,6 +318,8 @@ def fit(
     }
     summary["records"] = clock.finished(status, progress.step)
     graphs = 1 + (1 if cfg.eval_every else 0)
+    if rollouts is not None:  # the step, and the engine's prefill and decode step
+        graphs = 1 + len(task.engine.prefills) + 1 if task.engine is not None else 1
     steps_run = progress.step - watch.start_step
     summary.update(diagnostics.finish(watch.loop_counters(), steps_run, graphs, watch.loop_reads))
     return watch.report(reporter, summary)
