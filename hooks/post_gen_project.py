@@ -36,6 +36,7 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
         "tests/test_generation.py",
         "tests/test_benchmarks.py",
         "tests/test_dpo.py",
+        "tests/test_grpo.py",
         "src/{package}/alignment",
         "tests/hf_helpers.py",
         "configs/hf-causal-lm.toml",

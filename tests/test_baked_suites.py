@@ -25,7 +25,7 @@ from helpers import Baked, project_env, pytest_summary, run
 HF_FILES = (
     "tests/test_hf_models.py tests/test_hf_moe.py tests/test_lora.py tests/test_hf_export.py "
     "tests/test_pretrained_weights.py tests/test_pretrained_run.py tests/test_task_hf_causal_lm.py "
-    "tests/test_generation.py tests/test_benchmarks.py tests/test_dpo.py"
+    "tests/test_generation.py tests/test_benchmarks.py tests/test_dpo.py tests/test_grpo.py"
 )
 HF_SHARED = (
     "tests/test_data_prepare.py tests/test_data_training.py tests/test_trainer.py "

@@ -212,6 +212,7 @@ HF = [
     "tests/test_generation.py",
     "tests/test_benchmarks.py",
     "tests/test_dpo.py",
+    "tests/test_grpo.py",
     "src/tpu_project/alignment",
     "tests/hf_helpers.py",
     "configs/hf-causal-lm.toml",

@@ -21,7 +21,7 @@ from users_shell import install_the_users_way, run
 TORCH_TPU_HF_QUICK = (
     "-m 'not slow' tests/test_task_hf_causal_lm.py tests/test_hf_models.py tests/test_hf_moe.py "
     "tests/test_lora.py tests/test_hf_export.py tests/test_docs_match_code.py "
-    "tests/test_generation.py tests/test_benchmarks.py tests/test_dpo.py"
+    "tests/test_generation.py tests/test_benchmarks.py tests/test_dpo.py tests/test_grpo.py"
 )
 
 

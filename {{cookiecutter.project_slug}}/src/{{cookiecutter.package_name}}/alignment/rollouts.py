@@ -160,6 +160,9 @@ class GrpoObjective:
             )
         return self.settings.reference == "copy" or not lora
 
+    def check_batch(self, completions: int) -> None:
+        self.settings.check_batch(completions)
+
     # ---- rollouts -------------------------------------------------------------------
     def _engine(self, model: nn.Module, strategy: Any, slots: int, host_read: Any) -> Any:
         if self.engine is None:

@@ -81,6 +81,9 @@ def fit(
     clock.phase("tpu_init")
     runtime.device()  # the XLA runtime starts here
     clock.phase("training_prep")
+    whole_groups = getattr(task, "check_batch", None)
+    if whole_groups is not None:  # GRPO: the global batch holds whole groups, said up front
+        whole_groups(cfg.batch_size * strategy.local_batch_shards() * strategy.data_layout()[0])
     if cfg.scan_layers:
         strategy.check_scan()
     built = build(task, cfg, model)  # on the meta device, adapted (HF, LoRA, scan), cast
