@@ -214,8 +214,7 @@ def _json_examples(location: str, text: str, what: str) -> list[dict[str, Any]]:
                 rows.append((number, json.loads(line)))
             except json.JSONDecodeError as error:
                 raise PreferenceError(
-                    f"cannot read {what} from {location!r}: line {number} is not JSON "
-                    f"({error.msg})"
+                    f"cannot read {what} from {location!r}: line {number} is not JSON ({error.msg})"
                 ) from None
     for number, row in rows:
         if not isinstance(row, dict):

@@ -313,9 +313,7 @@ class Engine:
                 self._run_batch(empty, 2)
         self.warmed = True
 
-    def generate(
-        self, prompts: Sequence[Sequence[int]], first_number: int = 0
-    ) -> list[Completion]:
+    def generate(self, prompts: Sequence[Sequence[int]], first_number: int = 0) -> list[Completion]:
         """Every prompt's completion, in order: `slots` prompts a batch (every process gets
         the whole list; each runs its rows of each batch and the results are exchanged).
         Prompt `i` samples with the noise of number `first_number + i` (a run that samples

@@ -103,13 +103,13 @@ class TrainConfig:
         tables = {"dpo": self.dpo, "grpo": self.grpo}
         for name, table in tables.items():
             if table and self.objective != name:
-                raise ConfigError(f'a [{name}] table trains by {name.upper()}: set objective = "{name}"')
+                raise ConfigError(
+                    f'a [{name}] table trains by {name.upper()}: set objective = "{name}"'
+                )
         if self.objective == "causal-lm":
             return
         if self.objective not in tables:
-            raise ConfigError(
-                f"unknown objective {self.objective!r}: use causal-lm, dpo or grpo"
-            )
+            raise ConfigError(f"unknown objective {self.objective!r}: use causal-lm, dpo or grpo")
         if importlib.util.find_spec(f"{__package__.split('.')[0]}.alignment") is None:
             raise ConfigError(
                 f"objective {self.objective} tunes a pretrained Hugging Face decoder through "
