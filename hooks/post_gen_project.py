@@ -37,6 +37,7 @@ TASK_FILES: dict[str, tuple[str, ...]] = {
         "tests/test_benchmarks.py",
         "tests/test_dpo.py",
         "tests/test_grpo.py",
+        "benchmarks/dpo_bench.py",
         "src/{package}/alignment",
         "tests/hf_helpers.py",
         "configs/hf-causal-lm.toml",

@@ -213,6 +213,7 @@ HF = [
     "tests/test_benchmarks.py",
     "tests/test_dpo.py",
     "tests/test_grpo.py",
+    "benchmarks/dpo_bench.py",
     "src/tpu_project/alignment",
     "tests/hf_helpers.py",
     "configs/hf-causal-lm.toml",
