@@ -142,6 +142,7 @@ def ours_side(request: dict[str, Any]) -> dict[str, Any]:
     objective = GrpoObjective(SimpleNamespace(tokenizer=tokenizer, name="hf-causal-lm"), settings)
     device = runtime.device()
     model = AutoModelForCausalLM.from_pretrained(request["policy"]).to(device)
+    model.tie_weights()  # the move to the device untied the tiny Llama's embeddings
     if settings.beta:
         reference = AutoModelForCausalLM.from_pretrained(request["model"]).to(device).eval()
         objective.reference = copy.deepcopy(reference)
@@ -187,6 +188,7 @@ def trl_side(request: dict[str, Any]) -> dict[str, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(request["model"])
     model = AutoModelForCausalLM.from_pretrained(request["policy"])
+    model.config._name_or_path = request["model"]  # TRL builds its reference from here
     args = GRPOConfig(
         output_dir=str(Path(request["out"]).parent / "trl"), use_cpu=True, bf16=False,
         per_device_train_batch_size=len(completions), num_generations=GROUP,
@@ -201,8 +203,6 @@ def trl_side(request: dict[str, Any]) -> dict[str, Any]:
         model=model, reward_funcs=[module.fixed, module.short], args=args,
         train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout,
     )  # fmt: skip
-    if table["beta"]:
-        trainer.ref_model = AutoModelForCausalLM.from_pretrained(request["model"]).eval()
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     inputs = [{"prompt": f"prompt {i // GROUP}"} for i in range(len(completions))]

@@ -8,8 +8,10 @@ standard deviation + 1e-4 (`scale_rewards = "group"`; `"batch"`: the batch's; `"
 divided). Per completion token, with `r = exp(logp - logp_old)` (1 in value, since a batch is
 trained on once, as TRL's default `num_iterations = 1`; its gradient is logp's):
 
-    loss_t = -min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A) + beta KL_t,
+    loss_t = -min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A) + beta r KL_t,
     KL_t = exp(ref - logp) - (ref - logp) - 1      (the k3 estimator; beta 0: no reference)
+
+(`r KL_t`: TRL's `use_bias_correction_kl`, the unbiased reverse-KL gradient; false: `KL_t`)
 
 and the step's loss sums the tokens with weights that make TRL's normalizations:
 
@@ -61,6 +63,7 @@ class GrpoSettings:
     stop_strings: list[str] = field(default_factory=list)
     eval_fraction: float = 0.05
     reference: str = "auto"
+    use_bias_correction_kl: bool = True  # TRL's default: the KL term times r
     check_every: int = 16  # tokens between the host's reads of the rollouts
 
     @classmethod
@@ -231,6 +234,8 @@ def policy_terms(
     metrics: dict[str, torch.Tensor] = {}
     if reference is not None and settings.beta:
         kl = torch.exp(reference - logps) - (reference - logps) - 1
+        if settings.use_bias_correction_kl:  # times r: the unbiased reverse-KL gradient
+            kl = kl * ratio
         per_token = per_token + settings.beta * kl
         metrics["kl"] = masked_mean(kl.detach())
     loss = (per_token * weights.float()).sum()
