@@ -164,6 +164,13 @@ class GrpoObjective:
         self.settings.check_batch(completions)
 
     # ---- rollouts -------------------------------------------------------------------
+    def prepare_rollouts(
+        self, model: nn.Module, strategy: Any, completions: int, host_read: Any
+    ) -> None:
+        """The engine on the model, its prefill and decode step compiled (the run's set-up)."""
+        self.settings.check_batch(completions)
+        self._engine(model, strategy, completions, host_read)
+
     def _engine(self, model: nn.Module, strategy: Any, slots: int, host_read: Any) -> Any:
         if self.engine is None:
             self.replicas = strategy.data_layout()[0]

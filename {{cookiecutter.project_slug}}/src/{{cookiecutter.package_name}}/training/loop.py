@@ -190,6 +190,8 @@ def fit(
     eval_metrics: dict[str, float] = {}
     evaluated_at = None
     status = "completed"
+    if rollouts is not None:  # GRPO's engine on the model, its graphs compiled before the loop
+        task.prepare_rollouts(model, strategy, global_batch, watch.host_read)
     clock.loop_started(progress.step, master)
     with Preemption() as preemption:
         watch.loop_started(progress.step)
@@ -320,9 +322,9 @@ def fit(
         "run_dir": str(cfg.run_dir),
     }
     summary["records"] = clock.finished(status, progress.step)
-    graphs = 1 + (1 if cfg.eval_every else 0)
-    if rollouts is not None:  # the step, and the engine's prefill and decode step
-        graphs = 1 + len(task.engine.prefills) + 1 if task.engine is not None else 1
+    # The step, and the evaluation's graph (GRPO's evaluation runs the engine's, compiled
+    # with the set-up).
+    graphs = 1 + (1 if cfg.eval_every and rollouts is None else 0)
     steps_run = progress.step - watch.start_step
     summary.update(diagnostics.finish(watch.loop_counters(), steps_run, graphs, watch.loop_reads))
     return watch.report(reporter, summary)
