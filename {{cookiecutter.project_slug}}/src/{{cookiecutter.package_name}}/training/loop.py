@@ -126,8 +126,9 @@ def fit(
     global_batch = cfg.batch_size * strategy.local_batch_shards() * replicas
     # GRPO's steps train on rollouts the model generates (alignment/rollouts.py).
     rollouts = getattr(task, "rollouts", None)
+    grpo: Any = task  # the objective's hooks, when `rollouts` is its
     evaluate: Any = (
-        task.evaluator(model, strategy, global_batch, watch.host_read)
+        grpo.evaluator(model, strategy, global_batch, watch.host_read)
         if rollouts is not None
         else Evaluator(task, strategy, precision, cfg, watch.host_read)
     )
@@ -191,7 +192,7 @@ def fit(
     evaluated_at = None
     status = "completed"
     if rollouts is not None:  # GRPO's engine on the model, its graphs compiled before the loop
-        task.prepare_rollouts(model, strategy, global_batch, watch.host_read)
+        grpo.prepare_rollouts(model, strategy, global_batch, watch.host_read)
     clock.loop_started(progress.step, master)
     with Preemption() as preemption:
         watch.loop_started(progress.step)
