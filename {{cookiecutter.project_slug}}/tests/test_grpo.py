@@ -296,6 +296,12 @@ def grpo_fit(request: dict[str, Any]) -> dict[str, Any]:
     events = EventAccumulator(str(Path(config.run_dir) / "tensorboard"))
     events.Reload()
     summary["rewards"] = [event.value for event in events.Scalars("train/reward")]
+    from {{ cookiecutter.package_name }}.goodput import account, store
+    from {{ cookiecutter.package_name }}.training.checkpoint import default_directory
+
+    location = store.records_location(default_directory(config.run_dir, config.checkpoint_dir))
+    result = account.account(store.read_events(location))
+    summary["goodput_events"] = result["badput_seconds"]["custom_badput_events"]
     return summary
 
 
@@ -320,6 +326,21 @@ def test_the_mean_reward_rises_on_a_task_with_one_graph_per_kind(
     for name in ("rewards/exact/mean", "rewards/digit_first/mean", "entropy",
                  "completions/mean_length", "frac_reward_zero_std"):  # fmt: skip
         assert name in summary["train_metrics"], name
+    assert summary["goodput_events"]["rollouts"] > 0  # the rollouts' own goodput category
+
+
+def test_built_in_rewards_check_answers_by_value_and_exactly() -> None:
+    """`math_answer` compares answers through math-verify (1/2 is 0.5; a wrong value is 0; an
+    answer it cannot parse gives None); `exact_answer` compares the stripped text."""
+    from {{ cookiecutter.package_name }}.alignment.rewards import Rewards
+
+    rewards = Rewards(["math_answer", "exact_answer"], [])
+    completions = ["The answer is $0.5$.", "It is $\\frac{3}{4}$", " 7 ", "so 12"]
+    answers = ["$\\frac{1}{2}$", "0.5", "7", "nothing to parse"]
+    scores = rewards(["q"] * 4, completions, [[1]] * 4, {"answer": answers})
+    assert rewards.names == ["math_answer", "exact_answer"]
+    assert scores[:3, 0].tolist() == [1.0, 0.0, 1.0] and torch.isnan(scores[3, 0])
+    assert scores[:, 1].tolist() == [0.0, 0.0, 1.0, 0.0]
 
 
 REFUSALS = {

@@ -1,8 +1,16 @@
 """Reward functions as TRL's `GRPOTrainer` calls them, named in the config.
 
 `grpo.reward_funcs` names each as `module:function` (an importable module: `my_rewards:correct`)
-or `path/to/file.py:function` (a file, relative to the working directory). Each is called once
-a step with every completion of the batch, as TRL calls a custom reward function:
+or `path/to/file.py:function` (a file, relative to the working directory), or by the name of
+one of the project's own (`BUILT_IN`):
+
+- `math_answer`: 1.0 where the completion's answer is mathematically the row's `answer`
+  (`math-verify`: LaTeX, fractions, decimals and expressions compared as values), 0.0 where
+  it is not, None where the `answer` itself cannot be parsed (TRL's `accuracy_reward`);
+- `exact_answer`: 1.0 where the completion, stripped, is the row's `answer` exactly, else 0.0.
+
+Each is called once a step with every completion of the batch, as TRL calls a custom reward
+function:
 
     function(prompts=[...], completions=[...], completion_ids=[[...], ...], **columns)
 
@@ -32,13 +40,49 @@ from .grpo import GrpoError
 RewardFunction = Callable[..., Sequence[float | None]]
 
 
+def _texts(completions: Sequence[Any]) -> list[str]:
+    """A completion's text: itself, or a conversational completion's message's content."""
+    return [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+
+
+def math_answer(
+    completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any
+) -> list[float | None]:
+    """1.0 where the completion's answer equals the row's `answer` as math-verify compares
+    them, 0.0 where not, None where the `answer` cannot be parsed."""
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        raise GrpoError(
+            "the math_answer reward needs math-verify: pip install math-verify"
+        ) from None
+    scores: list[float | None] = []
+    for text, gold in zip(_texts(completions), answer, strict=True):
+        wanted = parse(str(gold))
+        scores.append(float(verify(wanted, parse(text))) if wanted else None)
+    return scores
+
+
+def exact_answer(completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any) -> list[float]:
+    """1.0 where the stripped completion is the row's `answer`, else 0.0."""
+    texts = _texts(completions)
+    return [
+        float(text.strip() == str(gold).strip()) for text, gold in zip(texts, answer, strict=True)
+    ]
+
+
+BUILT_IN: dict[str, RewardFunction] = {"math_answer": math_answer, "exact_answer": exact_answer}
+
+
 def load_reward(spec: str) -> tuple[str, RewardFunction]:
     """The reward function `spec` names, and its name as metrics show it."""
+    if spec in BUILT_IN:
+        return spec, BUILT_IN[spec]
     where, _, name = spec.rpartition(":")
     if not where or not name:
         raise GrpoError(
-            f"grpo.reward_funcs: {spec!r} names no function: use module:function or "
-            "file.py:function"
+            f"grpo.reward_funcs: {spec!r} names no function: use module:function, "
+            f"file.py:function or one of {', '.join(BUILT_IN)}"
         )
     try:
         module = _module(where)

@@ -180,7 +180,7 @@ LABELS = {
     "data_loading_async": "Data loading, overlapped (not counted)",
     "other": "Other (no category claims it)",
 }
-EVENT_LABELS = {"eval": "Evaluations"}
+EVENT_LABELS = {"eval": "Evaluations", "rollouts": "Rollouts (GRPO: generation and rewards)"}
 
 
 def rows(result: dict[str, Any]) -> list[tuple[str, float]]:

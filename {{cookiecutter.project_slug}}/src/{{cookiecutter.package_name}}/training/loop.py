@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,16 @@ from .watch import Preemption, RunWatch, host_peak_bytes
 
 def due(every: int, step: int) -> bool:
     return bool(every) and step % every == 0
+
+
+def timed(batches: Iterator[Any], clock: Timeline, name: str) -> Iterator[Any]:
+    """Each batch, the time its making took recorded as the goodput event `name`."""
+    while True:
+        with clock.badput(name):
+            batch = next(batches, None)
+        if batch is None:
+            return
+        yield batch
 
 
 def lay_out_reference(
@@ -200,10 +211,11 @@ def fit(
             micro: list[Any] = []  # the step's micro-batches so far
             stepped = progress.step
             skip = progress.batches_done * cfg.grad_accum  # started there, not read again
-            if rollouts is not None:
-                batches = rollouts(
+            if rollouts is not None:  # generated and scored, timed as their own category
+                made = rollouts(
                     model, strategy, global_batch, progress.epoch, skip, watch.host_read
                 )
+                batches = timed(made, clock, "rollouts")
             else:
                 batches = train_feeder.epoch(progress.epoch, skip, saver.restored_stream)
             saver.restored_stream = ""  # the next epoch starts the stream afresh
