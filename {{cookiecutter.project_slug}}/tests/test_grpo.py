@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from backend_facts import MANY_DEVICES, SHARDED
 from hf_helpers import save_tiny_pretrained
 
 pytestmark = pytest.mark.hf
@@ -305,14 +306,21 @@ def grpo_fit(request: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
+@pytest.mark.parametrize(
+    "devices", [1, pytest.param(MANY_DEVICES, marks=pytest.mark.slow, id="mesh")], ids=str
+)
 def test_the_mean_reward_rises_on_a_task_with_one_graph_per_kind(
-    setup: dict[str, Any], python_subprocess: Any
+    setup: dict[str, Any], python_subprocess: Any, devices: int
 ) -> None:
     """On prompts `a+b=` scored by the sum (checked exactly) and its format, a tiny model's
     mean reward over the last 10 of 30 steps is above the first 10's; the step, the prompts'
-    prefill and the decode step compile at warm-up and nothing after."""
-    run_dir = setup["base"] / "addition-run"
-    request = {"side": "fit", "config": addition_config(setup, run_dir)}
+    prefill and the decode step compile at warm-up and nothing after. On the mesh too (the
+    model sharded, the rollouts' rows split over the devices)."""
+    run_dir = setup["base"] / f"addition-run-{devices}"
+    config = addition_config(setup, run_dir)
+    if devices > 1:
+        config.update(devices=devices, strategy=SHARDED, batch_size=32 // devices)
+    request = {"side": "fit", "config": config}
     summary = python_subprocess([__file__, json.dumps(request)], env={})
     assert summary["status"] == "completed" and summary["steps"] == FIT_STEPS
     rewards = summary["rewards"]
