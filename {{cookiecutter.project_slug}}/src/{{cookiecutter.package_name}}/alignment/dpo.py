@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .settings import from_table
 
 LOSSES = ("sigmoid", "robust", "hinge", "ipo")
 REFERENCES = ("auto", "adapters-off", "copy")
@@ -57,17 +59,7 @@ class DpoSettings:
 
     @classmethod
     def from_dict(cls, table: dict[str, Any]) -> DpoSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(table) - known)
-        if unknown:
-            names = ", ".join(sorted(known))
-            raise DpoError(f"unknown dpo option {unknown[0]!r}: dpo takes {names}")
-        try:
-            settings = cls(**table)
-        except TypeError as error:
-            raise DpoError(f"dpo: {error}") from None
-        settings.check()
-        return settings
+        return from_table(cls, table, "dpo", DpoError)
 
     def check(self) -> None:
         if not self.data:
@@ -144,6 +136,16 @@ def preference_loss(
     terms = pair_terms(policy, reference, mask, settings)
     loss = terms.pop("loss").mean()
     return loss, {name: value.mean() for name, value in terms.items()}
+
+
+def reference_logits(model: nn.Module, reference: nn.Module | None, ids: torch.Tensor) -> Any:
+    """The reference's logits of `ids`, without gradients: the frozen copy's, or the LoRA
+    model's with its adapters off."""
+    with torch.no_grad():
+        if reference is not None:
+            return reference(input_ids=ids).logits
+        with adapters_off(model):
+            return model(input_ids=ids).logits
 
 
 @contextlib.contextmanager

@@ -27,10 +27,12 @@ sampling temperature, as TRL's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from .settings import from_table
 
 LOSSES = ("grpo", "dapo", "dr_grpo")
 SCALES = ("group", "batch", "none")
@@ -68,18 +70,7 @@ class GrpoSettings:
 
     @classmethod
     def from_dict(cls, table: dict[str, Any]) -> GrpoSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(table) - known)
-        if unknown:
-            raise GrpoError(
-                f"unknown grpo option {unknown[0]!r}: grpo takes {', '.join(sorted(known))}"
-            )
-        try:
-            settings = cls(**table)
-        except TypeError as error:
-            raise GrpoError(f"grpo: {error}") from None
-        settings.check()
-        return settings
+        return from_table(cls, table, "grpo", GrpoError)
 
     @property
     def clip_high(self) -> float:

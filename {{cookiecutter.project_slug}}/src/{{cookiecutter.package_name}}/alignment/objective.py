@@ -16,9 +16,9 @@ from torch import nn
 from .dpo import (
     DpoError,
     DpoSettings,
-    adapters_off,
     pair_terms,
     preference_loss,
+    reference_logits,
     sequence_logps,
 )
 from .preferences import Pairs, read_pairs
@@ -92,13 +92,7 @@ class DpoObjective:
         ids = torch.cat([batch["ids"][:, 0], batch["ids"][:, 1]])
         mask = torch.cat([batch["mask"][:, 0], batch["mask"][:, 1]])
         policy = sequence_logps(model(input_ids=ids).logits, ids, mask)
-        with torch.no_grad():
-            if self.reference is not None:
-                logits = self.reference(input_ids=ids).logits
-            else:
-                with adapters_off(model):
-                    logits = model(input_ids=ids).logits
-            reference = sequence_logps(logits, ids, mask)
+        reference = sequence_logps(reference_logits(model, self.reference, ids), ids, mask)
         return policy, reference, mask
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from .dpo import adapters_off
+from .dpo import reference_logits
 from .grpo import (
     GrpoError,
     GrpoSettings,
@@ -271,13 +271,8 @@ class GrpoObjective:
         logps, entropy = token_logps(model(input_ids=ids).logits, ids, temperature)
         reference = None
         if self.settings.beta:
-            with torch.no_grad():
-                if self.reference is not None:
-                    logits = self.reference(input_ids=ids).logits
-                else:
-                    with adapters_off(model):
-                        logits = model(input_ids=ids).logits
-                reference, _ = token_logps(logits, ids, temperature)
+            logits = reference_logits(model, self.reference, ids)
+            reference, _ = token_logps(logits, ids, temperature)
         return logps, reference, entropy
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
