@@ -151,7 +151,7 @@ def test_greedy_tokens_are_transformers_own_on_one_device(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("architecture", ["llama", "mixtral"])
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "gemma", "mixtral"])
 def test_greedy_tokens_on_every_device_of_the_mesh_are_transformers_own(
     architecture: str, python_subprocess: Any, tmp_path: Path
 ) -> None:
