@@ -21,6 +21,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 PROJECT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT / "src"))
@@ -37,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def make_model(folder: Path) -> Path:
+def make_model(folder: Path) -> tuple[Path, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from hf_helpers import train_tokenizer
@@ -50,21 +51,26 @@ def make_model(folder: Path) -> Path:
     )  # fmt: skip
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return folder
+    return folder, tokenizer
 
 
-def write_pairs(path: Path, count: int, length: int) -> Path:
-    """Pairs whose prompt and completions fill about `length` tokens."""
+def write_pairs(path: Path, count: int, length: int, tokenizer: Any) -> Path:
+    """Pairs whose prompt is a quarter of `length` tokens and whose completions fill the
+    rest (a longer one is cut at `max_length`, as DPO cuts it)."""
     rng = random.Random(0)
     words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
+
+    def text(tokens: int) -> str:
+        made = ""
+        while len(tokenizer(made)["input_ids"]) < tokens:
+            made += " " + rng.choice(words)
+        return made
+
     rows = []
     for index in range(count):
-        prompt = " ".join(rng.choices(words, k=length // 4))
-        rows.append({
-            "prompt": f"{index}: {prompt}",
-            "chosen": " " + " ".join(rng.choices(words, k=length // 2)),
-            "rejected": " " + " ".join(rng.choices(words, k=length // 2)),
-        })  # fmt: skip
+        prompt = f"{index}:{text(length // 4)}"
+        rest = length - len(tokenizer(prompt)["input_ids"])
+        rows.append({"prompt": prompt, "chosen": text(rest), "rejected": text(rest)})
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
@@ -89,8 +95,8 @@ def main() -> None:
     args = parser().parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    model = make_model(out / "model")
-    pairs = write_pairs(out / "pairs.jsonl", max(64, 4 * args.pairs), args.length)
+    model, tokenizer = make_model(out / "model")
+    pairs = write_pairs(out / "pairs.jsonl", max(64, 4 * args.pairs), args.length, tokenizer)
     common: dict[str, object] = {
         "task": "hf-causal-lm", "task_options.model_name": str(model), "optimizer": "adamw",
         "precision": "32-true", "warmup_steps": 0,
